@@ -1,0 +1,3 @@
+from guestfs.cli import main
+
+raise SystemExit(main())

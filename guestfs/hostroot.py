@@ -1,0 +1,55 @@
+"""All host file access goes through a HostRoot, so tests can point it at a fake tree.
+
+Under a root, ``/proc/self`` means the directory ``ROOT/proc/self`` literally: on the
+real root that is the reading process itself, on a fixture it is whatever the fixture
+laid out there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+class HostReadError(OSError):
+    """A host file could not be read; carries the host path for the message."""
+
+
+@dataclass(frozen=True)
+class HostRoot:
+    root: str = "/"
+
+    def path(self, host_path: str) -> str:
+        """The real path of ``host_path`` (absolute, as the host sees it) under this root."""
+        if not host_path.startswith("/"):
+            raise ValueError(f"host path must be absolute: {host_path!r}")
+        if self.root in ("", "/"):
+            return host_path
+        return os.path.join(self.root, host_path.lstrip("/"))
+
+    def read_text(self, host_path: str) -> str:
+        try:
+            with open(self.path(host_path), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError as e:
+            raise HostReadError(e.errno, f"{host_path}: {e.strerror}") from e
+
+    def try_read_text(self, host_path: str) -> str | None:
+        """The file's text, or None if it does not exist or cannot be read."""
+        try:
+            return self.read_text(host_path)
+        except HostReadError:
+            return None
+
+    def isdir(self, host_path: str) -> bool:
+        return os.path.isdir(self.path(host_path))
+
+    def listdir(self, host_path: str) -> list[str]:
+        try:
+            return os.listdir(self.path(host_path))
+        except OSError:
+            return []
+
+    @staticmethod
+    def proc_path(pid: int | str, name: str) -> str:
+        return f"/proc/{pid}/{name}"

@@ -1,0 +1,349 @@
+"""The limits engine: effective limits of one pid, each with the source that set it.
+
+Pure: (Snapshot, ExplicitLimits, rounding) -> EffectiveLimits. No file is read here.
+
+The effective limit is the minimum over the cgroup and every visible ancestor, because the
+kernel enforces every level: on cgroup v2 with systemd the container scope says ``max``
+and the pod's 512Mi sits on the pod slice (gVisor #9580, JDK-8322420, the Go runtime).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from types import MappingProxyType
+
+from guestfs.cgroup_files import (
+    V1_UNLIMITED,
+    parse_cfs,
+    parse_counter,
+    parse_cpu_list,
+    parse_cpu_max,
+    parse_flat_keyed,
+    parse_limit_bytes,
+)
+from guestfs.explicit import ExplicitLimits
+from guestfs.host_proc import HostInfo
+from guestfs.provenance import (
+    CGROUP,
+    CGROUP_HIERARCHICAL,
+    HOST,
+    Candidate,
+    Resolved,
+    Source,
+    pick_min,
+)
+from guestfs.snapshot import Hierarchy, Level, Snapshot
+
+ROUNDINGS = ("ceil", "floor", "round")
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """Charge of one cgroup level: memory.current/usage_in_bytes plus its memory.stat."""
+
+    usage: int
+    stat: Mapping[str, int]
+    source: Source
+
+
+@dataclass(frozen=True)
+class EffectiveLimits:
+    pid: str
+    host: HostInfo
+    memory: Resolved[int]                  # bytes, > 0, <= host MemTotal
+    memory_usage: MemoryUsage | None       # at the level that set the limit
+    leaf_memory_usage: MemoryUsage | None  # at the pid's own cgroup
+    swap: Resolved[int]                    # bytes, 0 <= swap <= host SwapTotal
+    swap_usage: Resolved[int]              # bytes, 0 <= usage
+    cpu_quota: Resolved[Fraction | None]   # CPUs (quota/period), None: no quota
+    cpuset: Resolved[tuple[int, ...]]
+    cpu_count: Resolved[int]               # >= 1
+    visible_cpus: tuple[int, ...]          # first cpu_count CPUs of the cpuset
+    cpu_rounding: str
+    cgroup_versions: Mapping[str, int]     # controller -> 1/2 (0: none)
+    warnings: tuple[str, ...]
+
+
+class _Warnings(list[str]):
+    def bad_file(self, level: Level, name: str, err: Exception) -> None:
+        self.append(f"{level.file_path(name)}: unparseable ({err}); ignored at this level")
+
+
+def _level_source(level: Level, name: str, note: str | None = None) -> Source:
+    return Source(CGROUP, level.file_path(name), level.cgroup, note)
+
+
+# ---------------------------------------------------------------- memory
+
+def _memory_candidates(h: Hierarchy, host_total: int, w: _Warnings) -> list[Candidate[int]]:
+    name = "memory.max" if h.version == 2 else "memory.limit_in_bytes"
+    out: list[Candidate[int]] = []
+    if h.version == 1 and h.leaf is not None and h.leaf.files.get("memory.stat"):
+        # The kernel's own minimum over *all* ancestors, including those above a mount
+        # root we cannot see (Docker on v1 bind-mounts only the container's directory).
+        hier = parse_flat_keyed(h.leaf.files["memory.stat"] or "").get(
+            "hierarchical_memory_limit")
+        if hier is not None:
+            value = None if hier >= min(V1_UNLIMITED, host_total) else hier
+            out.append(Candidate(value, Source(
+                CGROUP_HIERARCHICAL, h.leaf.file_path("memory.stat"), h.leaf.cgroup,
+                "hierarchical_memory_limit")))
+    for level in h.levels:
+        text = level.files.get(name)
+        if text is None:
+            out.append(Candidate(None, _level_source(level, name, "missing: no limit here")))
+            continue
+        try:
+            value = parse_limit_bytes(text)
+        except ValueError as e:
+            w.bad_file(level, name, e)
+            continue
+        note = None
+        if value is not None and value >= host_total:
+            value, note = None, "at/above host RAM: no limit"
+        out.append(Candidate(value, _level_source(level, name, note)))
+    return out
+
+
+def _read_usage(h: Hierarchy, level: Level, w: _Warnings) -> MemoryUsage | None:
+    name = "memory.current" if h.version == 2 else "memory.usage_in_bytes"
+    text = level.files.get(name)
+    if text is None:
+        w.append(f"{level.file_path(name)}: missing; no usage at this level")
+        return None
+    try:
+        usage = parse_counter(text)
+    except ValueError as e:
+        w.bad_file(level, name, e)
+        return None
+    stat = parse_flat_keyed(level.files.get("memory.stat") or "")
+    return MemoryUsage(usage, MappingProxyType(stat), _level_source(level, name))
+
+
+def _level_of(h: Hierarchy, source: Source) -> Level | None:
+    if source.kind != CGROUP:
+        return None
+    return next((lv for lv in h.levels if lv.cgroup == source.cgroup), None)
+
+
+def _resolve_memory(snap: Snapshot, explicit: ExplicitLimits, w: _Warnings
+                    ) -> tuple[Resolved[int], MemoryUsage | None, MemoryUsage | None]:
+    host_total = snap.host.mem_total
+    h = snap.hierarchies["memory"]
+    cands: list[Candidate[int]] = []
+    for c in explicit.memory:
+        if c.value is not None and c.value >= host_total:
+            c = Candidate(None, Source(c.source.kind, c.source.file, c.source.cgroup,
+                                       f"{c.source.note}: at/above host RAM, no limit"))
+        cands.append(c)
+    cands += _memory_candidates(h, host_total, w)
+    best = pick_min(cands)
+    host_src = Source(HOST, "/proc/meminfo", note="MemTotal")
+    if best is None:
+        resolved = Resolved(host_total, host_src, False, tuple(cands))
+    else:
+        value = cands[best].value or 0
+        if value <= 0:
+            # A limit of 0 would make every tool divide by zero; the kernel rejects it anyway.
+            w.append(f"{cands[best].source.describe()}: limit 0 ignored")
+            resolved = Resolved(host_total, host_src, False, tuple(cands))
+        else:
+            resolved = Resolved(value, cands[best].source, True, tuple(cands))
+    leaf_usage = _read_usage(h, h.leaf, w) if h.leaf is not None else None
+    level = _level_of(h, resolved.source)
+    usage = leaf_usage
+    if level is not None and level is not h.leaf:
+        usage = _read_usage(h, level, w) or leaf_usage
+    return resolved, usage, leaf_usage
+
+
+# ---------------------------------------------------------------- swap
+
+def _resolve_swap(snap: Snapshot, memory: Resolved[int], w: _Warnings
+                  ) -> tuple[Resolved[int], Resolved[int]]:
+    host_swap = snap.host.swap_total
+    h = snap.hierarchies["memory"]
+    none = Source(HOST, note="no swap accounting in this cgroup")
+    zero_usage = Resolved(0, none, False)
+    if not h.levels:
+        return Resolved(host_swap, Source(HOST, "/proc/meminfo", note="SwapTotal"), False), \
+            zero_usage
+    if h.version == 2:
+        limit_name, usage_name = "memory.swap.max", "memory.swap.current"
+    else:
+        limit_name, usage_name = "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes"
+    if h.leaf is None or h.leaf.files.get(usage_name) is None:
+        return Resolved(0, none, True), zero_usage
+    cands: list[Candidate[int]] = []
+    for level in h.levels:
+        text = level.files.get(limit_name)
+        if text is None:
+            continue
+        try:
+            value = parse_limit_bytes(text)
+        except ValueError as e:
+            w.bad_file(level, limit_name, e)
+            continue
+        if h.version == 1 and value is not None and value >= V1_UNLIMITED:
+            value = None
+        cands.append(Candidate(value, _level_source(level, limit_name)))
+    best = pick_min(cands)
+    host_src = Source(HOST, "/proc/meminfo", note="SwapTotal")
+    if best is None:
+        swap = Resolved(host_swap, host_src, False, tuple(cands))
+    else:
+        value = cands[best].value or 0
+        if h.version == 1:
+            # memsw limits memory+swap together: what is left for swap is the difference.
+            value = max(0, value - memory.value)
+        if value >= host_swap:
+            swap = Resolved(host_swap, host_src, False, tuple(cands))
+        else:
+            swap = Resolved(value, cands[best].source, True, tuple(cands))
+    level = _level_of(h, swap.source) or h.leaf
+    try:
+        used = parse_counter(level.files.get(usage_name) or "")
+        if h.version == 1:
+            used -= parse_counter(level.files.get("memory.usage_in_bytes") or "")
+    except ValueError as e:
+        w.bad_file(level, usage_name, e)
+        return swap, zero_usage
+    return swap, Resolved(max(0, used), _level_source(level, usage_name), True)
+
+
+# ---------------------------------------------------------------- cpu
+
+def _cpu_candidates(h: Hierarchy, w: _Warnings) -> list[Candidate[Fraction]]:
+    out: list[Candidate[Fraction]] = []
+    for level in h.levels:
+        try:
+            if h.version == 2:
+                text = level.files.get("cpu.max")
+                if text is None:
+                    continue
+                value = parse_cpu_max(text)
+                src = _level_source(level, "cpu.max", text.strip())
+            else:
+                quota = level.files.get("cpu.cfs_quota_us")
+                period = level.files.get("cpu.cfs_period_us")
+                if quota is None or period is None:
+                    continue
+                value = parse_cfs(quota, period)
+                src = _level_source(level, "cpu.cfs_quota_us",
+                                    f"{quota.strip()}/{period.strip()}")
+        except ValueError as e:
+            w.bad_file(level, "cpu.max" if h.version == 2 else "cpu.cfs_quota_us", e)
+            continue
+        out.append(Candidate(value, src))
+    return out
+
+
+def _resolve_cpuset(snap: Snapshot, w: _Warnings) -> Resolved[tuple[int, ...]]:
+    h = snap.hierarchies["cpuset"]
+    names = ("cpuset.cpus.effective",) if h.version == 2 else (
+        "cpuset.effective_cpus", "cpuset.cpus")
+    online = set(snap.host.online_cpus)
+    # Walk up while empty: a v2 child without the cpuset controller enabled has no file,
+    # and a v1 child can have an empty cpuset.cpus until someone writes it.
+    for level in h.levels:
+        for name in names:
+            text = level.files.get(name)
+            if text is None or not text.strip():
+                continue
+            try:
+                cpus = parse_cpu_list(text)
+            except ValueError as e:
+                w.bad_file(level, name, e)
+                continue
+            visible = tuple(c for c in cpus if c in online) or cpus
+            limited = set(visible) != online
+            return Resolved(visible, _level_source(level, name, text.strip()), limited)
+    return Resolved(snap.host.online_cpus,
+                    Source(HOST, "/sys/devices/system/cpu/online"), False)
+
+
+def quota_to_count(quota: Fraction, rounding: str) -> int:
+    if rounding == "ceil":
+        n = math.ceil(quota)
+    elif rounding == "floor":
+        n = math.floor(quota)
+    elif rounding == "round":
+        n = math.floor(quota + Fraction(1, 2))  # half up, as GNU nproc does
+    else:
+        raise ValueError(f"unknown cpu rounding {rounding!r}; use one of {ROUNDINGS}")
+    return max(1, n)
+
+
+def _resolve_cpu(snap: Snapshot, explicit: ExplicitLimits, rounding: str, w: _Warnings
+                 ) -> tuple[Resolved[Fraction | None], Resolved[tuple[int, ...]],
+                            Resolved[int], tuple[int, ...]]:
+    host_n = len(snap.host.online_cpus)
+    cands: list[Candidate[Fraction]] = []
+    for c in explicit.cpu:
+        if c.value is not None and c.value >= host_n:
+            c = Candidate(None, Source(c.source.kind, c.source.file, c.source.cgroup,
+                                       f"{c.source.note}: at/above host CPUs, no limit"))
+        cands.append(c)
+    cands += _cpu_candidates(snap.hierarchies["cpu"], w)
+    best = pick_min(cands)
+    if best is None:
+        quota: Resolved[Fraction | None] = Resolved(
+            None, Source(HOST, note="no CPU quota"), False, tuple(cands))
+    else:
+        quota = Resolved(cands[best].value, cands[best].source, True, tuple(cands))
+    cpuset = _resolve_cpuset(snap, w)
+    count_n, count_src, limited = len(cpuset.value), cpuset.source, cpuset.limited
+    if quota.value is not None:
+        by_quota = quota_to_count(quota.value, rounding)
+        if by_quota < count_n:
+            count_n, count_src, limited = by_quota, quota.source, True
+    count_n = max(1, count_n)
+    count = Resolved(count_n, count_src, limited)
+    return quota, cpuset, count, cpuset.value[:count_n]
+
+
+# ---------------------------------------------------------------- all
+
+# Interface files the kernel hides on the real root cgroup. Seeing one at the top level
+# means that "/" is a cgroup namespace root (Docker/Kubernetes on v2), not the host's.
+_NOT_ON_ROOT = {"memory": ("memory.max",), "cpu": ("cpu.max",)}
+
+
+def _top_is_not_host_root(h: Hierarchy) -> bool:
+    if not h.levels:
+        return False
+    top = h.levels[-1]
+    if top.cgroup != "/":
+        return True  # the mount's root field is below the hierarchy root (v1 bind mount)
+    if h.version != 2:
+        return False
+    return any(top.files.get(n) is not None for n in _NOT_ON_ROOT.get(h.controller, ()))
+
+
+def effective_limits(snap: Snapshot, explicit: ExplicitLimits | None = None,
+                     cpu_rounding: str = "ceil") -> EffectiveLimits:
+    if cpu_rounding not in ROUNDINGS:
+        raise ValueError(f"unknown cpu rounding {cpu_rounding!r}; use one of {ROUNDINGS}")
+    explicit = explicit or ExplicitLimits()
+    w = _Warnings(snap.warnings)
+    w.extend(explicit.warnings)
+    for h in snap.hierarchies.values():
+        if h.problem:
+            w.append(f"{h.controller}: {h.problem}")
+        elif _top_is_not_host_root(h):
+            w.append(f"{h.controller}: the top visible cgroup ({h.levels[-1].directory}) is "
+                     "not the host's root; limits set above it are invisible here and need "
+                     "explicit settings (--memory-limit/--cpu-limit, env, --limits-dir)")
+    memory, usage, leaf_usage = _resolve_memory(snap, explicit, w)
+    swap, swap_usage = _resolve_swap(snap, memory, w)
+    quota, cpuset, count, visible = _resolve_cpu(snap, explicit, cpu_rounding, w)
+    return EffectiveLimits(
+        pid=snap.pid, host=snap.host, memory=memory, memory_usage=usage,
+        leaf_memory_usage=leaf_usage, swap=swap, swap_usage=swap_usage, cpu_quota=quota,
+        cpuset=cpuset, cpu_count=count, visible_cpus=visible, cpu_rounding=cpu_rounding,
+        cgroup_versions=MappingProxyType({c: h.version for c, h in snap.hierarchies.items()}),
+        warnings=tuple(dict.fromkeys(w)),
+    )
