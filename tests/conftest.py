@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from guestfs.explicit import ExplicitSettings, collect_explicit
+from guestfs.hostroot import HostRoot
+from guestfs.limits import EffectiveLimits, effective_limits
+from guestfs.snapshot import read_snapshot
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def fixture_root(name: str) -> Path:
+    return FIXTURES / name
+
+
+def limits_of(root: str | Path, pid: str = "self", rounding: str = "ceil",
+              **explicit: object) -> EffectiveLimits:
+    env = explicit.pop("env", {})
+    settings = ExplicitSettings(env=env, **explicit)  # type: ignore[arg-type]
+    snap = read_snapshot(HostRoot(str(root)), pid)
+    return effective_limits(snap, collect_explicit(settings), rounding)
+
+
+@pytest.fixture
+def copy_fixture(tmp_path: Path):
+    """A writable copy of a fixture root, for tests that break files."""
+
+    def make(name: str) -> Path:
+        dst = tmp_path / name
+        shutil.copytree(FIXTURES / name, dst)
+        return dst
+
+    return make

@@ -1,0 +1,116 @@
+"""Real cgroups on this machine for integration tests: created, filled, always removed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from guestfs.mountinfo import parse_mountinfo
+from guestfs.proc_cgroup import parse_proc_cgroup
+
+
+@dataclass
+class RealCgroup:
+    dirs: dict[str, str]          # controller -> directory
+    paths: dict[str, str]         # controller -> cgroup path (as /proc/<pid>/cgroup prints)
+
+    def add(self, pid: int) -> None:
+        for d in self.dirs.values():
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+
+
+def _v1_dir(controller: str) -> tuple[str, str] | None:
+    with open("/proc/self/mountinfo") as f:
+        mounts = [m for m in parse_mountinfo(f.read())
+                  if m.version == 1 and controller in m.controllers]
+    with open("/proc/self/cgroup") as f:
+        member = next((m for m in parse_proc_cgroup(f.read()) if controller in m.controllers),
+                      None)
+    if not mounts or member is None:
+        return None
+    m = mounts[0]
+    rel = member.path[len(m.root.rstrip("/")):] if m.root != "/" else member.path
+    return os.path.join(m.mount_point, rel.lstrip("/")), member.path
+
+
+def require_v1_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create cgroups")
+    for c in ("memory", "cpu", "cpuset"):
+        if _v1_dir(c) is None:
+            pytest.skip(f"no cgroup v1 {c} hierarchy on this kernel (pure v2: see tests/vm)")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+@contextlib.contextmanager
+def v1_cgroup(memory: int, quota: int, period: int, cpus: str | None = None
+              ) -> Iterator[RealCgroup]:
+    """A child of this process's own v1 cgroups with the given limits; removed on exit
+    (every process left in it is killed first)."""
+    require_v1_root()
+    name = f"guestfs-test-{uuid.uuid4().hex[:8]}"
+    dirs: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    try:
+        for c in ("memory", "cpu", "cpuset"):
+            base, path = _v1_dir(c)  # type: ignore[misc]
+            d = os.path.join(base, name)
+            os.mkdir(d)
+            dirs[c], paths[c] = d, f"{path.rstrip('/')}/{name}"
+        _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
+        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
+        _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+        parent = os.path.dirname(dirs["cpuset"])
+        with open(os.path.join(parent, "cpuset.mems")) as f:
+            _write(os.path.join(dirs["cpuset"], "cpuset.mems"), f.read().strip())
+        if cpus is None:
+            with open(os.path.join(parent, "cpuset.cpus")) as f:
+                cpus = f.read().strip()
+        _write(os.path.join(dirs["cpuset"], "cpuset.cpus"), cpus)
+        yield RealCgroup(dirs, paths)
+    finally:
+        for d in reversed(list(dirs.values())):
+            _empty_and_remove(d)
+
+
+def _empty_and_remove(d: str) -> None:
+    for _ in range(50):
+        try:
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                pids = [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        try:
+            os.rmdir(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+    os.rmdir(d)  # raise: a leaked cgroup must fail loudly
+
+
+@contextlib.contextmanager
+def process_in(cg: RealCgroup) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        cg.add(proc.pid)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
