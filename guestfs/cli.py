@@ -14,7 +14,8 @@ from guestfs.host_proc import HostInfoError
 from guestfs.hostroot import HostReadError, HostRoot
 from guestfs.limits import ROUNDINGS, EffectiveLimits, effective_limits
 from guestfs.proc_cgroup import PidGone
-from guestfs.snapshot import read_snapshot
+from guestfs.snapshot import Snapshot, read_snapshot
+from guestfs.view import SERVED_FILES, render_file
 
 ENV_CPU_ROUNDING = "GUESTFS_CPU_ROUNDING"
 
@@ -50,8 +51,8 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
                         "the JDK, Go and the downward API do) [env GUESTFS_CPU_ROUNDING]")
 
 
-def compute_limits(args: argparse.Namespace,
-                   env: dict[str, str] | None = None) -> EffectiveLimits:
+def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
+                   ) -> tuple[HostRoot, Snapshot, EffectiveLimits]:
     env = dict(os.environ) if env is None else env
     rounding = args.cpu_rounding or env.get(ENV_CPU_ROUNDING) or "ceil"
     if rounding not in ROUNDINGS:
@@ -61,20 +62,43 @@ def compute_limits(args: argparse.Namespace,
         memory_divisor=args.memory_divisor, cpu_divisor=args.cpu_divisor, env=env)
     try:
         explicit = collect_explicit(settings)
-        snap = read_snapshot(HostRoot(args.root), args.pid)
+        host = HostRoot(args.root)
+        snap = read_snapshot(host, args.pid)
     except ExplicitLimitError as e:
         raise CliError(str(e)) from e
     except PidGone as e:
         raise CliError(f"{e} (has it exited?)") from e
     except (HostReadError, HostInfoError) as e:
         raise CliError(f"cannot read the host under {args.root}: {e}") from e
-    return effective_limits(snap, explicit, rounding)
+    return host, snap, effective_limits(snap, explicit, rounding)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    lim = compute_limits(args)
+    _, _, lim = compute_limits(args)
     sys.stdout.write(to_json_text(lim) if args.json else to_text(lim))
     return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    path = "/" + args.file.strip("/")
+    if path not in SERVED_FILES:
+        print(f"guestfs: {args.file}: not a served file; served files are:\n  "
+              + "\n  ".join(SERVED_FILES), file=sys.stderr)
+        return 2
+    host, snap, lim = compute_limits(args)
+    try:
+        text = render_file(path, host, snap, lim)
+    except HostReadError as e:
+        raise CliError(f"cannot read the host's {path} under {args.root}: {e}") from e
+    sys.stdout.write(text)
+    return 0
+
+
+SHOW_EPILOG = """\
+/proc/loadavg: the daemon averages the container's runnable and uninterruptible tasks
+every 5 s; show takes a single sample and prints it as all three averages.
+/proc/stat: show starts from fresh counters; a mount keeps them monotonic between reads.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="machine-readable output (keys in docs/explain-json.md)")
     p.set_defaults(func=cmd_explain)
+    p = sub.add_parser("show", help="print a file exactly as guestfs serves it",
+                       description="Print FILE (" + ", ".join(SERVED_FILES) + ") as the "
+                                   "filesystem serves it to PID.",
+                       epilog=SHOW_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", help="a guest path such as /proc/meminfo")
+    add_limit_options(p)
+    p.set_defaults(func=cmd_show)
     return parser
 
 

@@ -35,7 +35,7 @@ from guestfs.provenance import (
     Source,
     pick_min,
 )
-from guestfs.snapshot import Hierarchy, Level, Snapshot
+from guestfs.snapshot import LIMIT_CONTROLLERS, Hierarchy, Level, Snapshot
 
 ROUNDINGS = ("ceil", "floor", "round")
 
@@ -330,7 +330,7 @@ def effective_limits(snap: Snapshot, explicit: ExplicitLimits | None = None,
     explicit = explicit or ExplicitLimits()
     w = _Warnings(snap.warnings)
     w.extend(explicit.warnings)
-    for h in snap.hierarchies.values():
+    for h in (snap.hierarchies[c] for c in LIMIT_CONTROLLERS):
         if h.problem:
             w.append(f"{h.controller}: {h.problem}")
         elif _top_is_not_host_root(h):
@@ -344,6 +344,7 @@ def effective_limits(snap: Snapshot, explicit: ExplicitLimits | None = None,
         pid=snap.pid, host=snap.host, memory=memory, memory_usage=usage,
         leaf_memory_usage=leaf_usage, swap=swap, swap_usage=swap_usage, cpu_quota=quota,
         cpuset=cpuset, cpu_count=count, visible_cpus=visible, cpu_rounding=cpu_rounding,
-        cgroup_versions=MappingProxyType({c: h.version for c, h in snap.hierarchies.items()}),
+        cgroup_versions=MappingProxyType(
+            {c: snap.hierarchies[c].version for c in LIMIT_CONTROLLERS}),
         warnings=tuple(dict.fromkeys(w)),
     )

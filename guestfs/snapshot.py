@@ -19,15 +19,26 @@ from guestfs.proc_cgroup import CgroupMembership, read_proc_cgroup
 # Files read at every level, per controller and cgroup version.
 CONTROLLER_FILES: dict[tuple[str, int], tuple[str, ...]] = {
     ("memory", 2): ("memory.max", "memory.current", "memory.stat",
-                    "memory.swap.max", "memory.swap.current"),
+                    "memory.swap.max", "memory.swap.current", "memory.pressure"),
     ("memory", 1): ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat",
                     "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes"),
-    ("cpu", 2): ("cpu.max",),
+    ("cpu", 2): ("cpu.max", "cpu.pressure"),
     ("cpu", 1): ("cpu.cfs_quota_us", "cpu.cfs_period_us"),
     ("cpuset", 2): ("cpuset.cpus.effective",),
     ("cpuset", 1): ("cpuset.effective_cpus", "cpuset.cpus"),
+    # Usage, for /proc/stat, uptime and diskstats. On v2 cpu.stat is a core file that
+    # exists whether or not the cpu controller is enabled; io.stat needs the io controller.
+    ("cpuacct", 2): ("cpu.stat",),
+    ("cpuacct", 1): ("cpuacct.usage_all", "cpuacct.stat", "cpuacct.usage_percpu"),
+    ("blkio", 2): ("io.stat", "io.pressure"),
+    ("blkio", 1): ("blkio.throttle.io_service_bytes_recursive",
+                   "blkio.throttle.io_serviced_recursive"),
 }
-CONTROLLERS = ("memory", "cpu", "cpuset")
+# The limits; then the usage hierarchies, named by their v1 controller.
+LIMIT_CONTROLLERS = ("memory", "cpu", "cpuset")
+CONTROLLERS = (*LIMIT_CONTROLLERS, "cpuacct", "blkio")
+# What cgroup.controllers must list on v2 for a v1 name (None: core files, always there).
+_V2_CONTROLLER = {"cpuacct": None, "blkio": "io"}
 
 
 @dataclass(frozen=True)
@@ -75,9 +86,12 @@ def _membership_for(memberships: list[CgroupMembership], controller: str,
 
 
 def _v2_has_controller(host: HostRoot, mount: CgroupMount, controller: str) -> bool:
+    required = _V2_CONTROLLER.get(controller, controller)
+    if required is None:
+        return True
     text = host.try_read_text(f"{mount.mount_point.rstrip('/')}/cgroup.controllers")
     # A fixture or a kernel without the file: assume present and let missing files say no.
-    return text is None or controller in text.split()
+    return text is None or required in text.split()
 
 
 def _choose_hierarchy(host: HostRoot, mounts: list[CgroupMount],

@@ -34,7 +34,7 @@ def copy_fixture(tmp_path: Path):
 
     def make(name: str) -> Path:
         dst = tmp_path / name
-        shutil.copytree(FIXTURES / name, dst)
+        shutil.copytree(FIXTURES / name, dst, symlinks=True)
         return dst
 
     return make

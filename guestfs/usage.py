@@ -1,0 +1,292 @@
+"""What the container is using right now: CPU time, tasks, I/O, pressure, its age.
+
+These are sources, like snapshot.py: plain reads under a HostRoot. The renderers take
+their results as arguments. Usage is read at the cgroup level whose limit applies (the pod
+slice when the quota sits there), so the numbers a tool divides match the limit it sees.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from guestfs.cgroup_files import parse_flat_keyed
+from guestfs.hostroot import HostRoot
+from guestfs.limits import EffectiveLimits
+from guestfs.provenance import CGROUP
+from guestfs.snapshot import Hierarchy, Level, Snapshot
+
+USER_HZ = 100  # what /proc/stat counts in on every Linux ABI, whatever CONFIG_HZ is
+
+
+def clk_tck() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError):
+        return USER_HZ
+
+
+def level_for(h: Hierarchy, cgroup: str | None) -> Level | None:
+    """The level of ``h`` named ``cgroup`` (the one whose limit applies), else the leaf."""
+    if cgroup is not None:
+        for lv in h.levels:
+            if lv.cgroup == cgroup:
+                return lv
+    return h.leaf
+
+
+def cpu_cgroup(lim: EffectiveLimits) -> str | None:
+    src = lim.cpu_quota.source
+    return src.cgroup if src.kind == CGROUP else None
+
+
+def memory_cgroup(lim: EffectiveLimits) -> str | None:
+    src = lim.memory.source
+    return src.cgroup if src.kind == CGROUP else None
+
+
+# ------------------------------------------------------------------ CPU time
+
+@dataclass(frozen=True)
+class CpuUsage:
+    user_usec: int
+    system_usec: int
+    file: str
+
+
+def parse_cpuacct_usage_all(text: str) -> tuple[int, int]:
+    """v1 ``cpuacct.usage_all``: ``cpu user system`` header, then ns per host CPU."""
+    user = system = 0
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) == 3 and parts[0].isdigit():
+            user += int(parts[1])
+            system += int(parts[2])
+    return user // 1000, system // 1000
+
+
+def read_cpu_usage(snap: Snapshot, lim: EffectiveLimits) -> CpuUsage | None:
+    h = snap.hierarchies["cpuacct"]
+    level = level_for(h, cpu_cgroup(lim))
+    if level is None:
+        return None
+    if h.version == 2:
+        text = level.files.get("cpu.stat")
+        if text is None:
+            return None
+        st = parse_flat_keyed(text)
+        if "user_usec" not in st or "system_usec" not in st:
+            return None
+        return CpuUsage(st["user_usec"], st["system_usec"], level.file_path("cpu.stat"))
+    text = level.files.get("cpuacct.usage_all")
+    if text:
+        try:
+            user, system = parse_cpuacct_usage_all(text)
+            return CpuUsage(user, system, level.file_path("cpuacct.usage_all"))
+        except ValueError:
+            pass
+    st = parse_flat_keyed(level.files.get("cpuacct.stat") or "")
+    if "user" in st and "system" in st:
+        # cpuacct.stat counts USER_HZ ticks.
+        return CpuUsage(st["user"] * 1_000_000 // USER_HZ, st["system"] * 1_000_000 // USER_HZ,
+                        level.file_path("cpuacct.stat"))
+    return None
+
+
+# ------------------------------------------------------------------ tasks
+
+@dataclass(frozen=True)
+class TaskCounts:
+    running: int     # threads in R
+    blocked: int     # threads in D
+    total: int       # all threads
+
+
+def _thread_ids(host: HostRoot, directory: str, version: int) -> list[str]:
+    name = "cgroup.threads" if version == 2 else "tasks"
+    tids: list[str] = []
+    top = host.path(directory)
+    for dirpath, _dirs, files in os.walk(top):
+        if name not in files:
+            continue
+        try:
+            with open(os.path.join(dirpath, name)) as f:
+                tids += f.read().split()
+        except OSError:
+            continue
+    return tids
+
+
+def task_state(stat_text: str) -> str:
+    """Field 3 of /proc/<pid>/stat; the command name may hold spaces and parentheses."""
+    return stat_text[stat_text.rindex(")") + 2:].split(" ", 1)[0]
+
+
+def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> TaskCounts | None:
+    h = snap.hierarchies["cpu"] if snap.hierarchies["cpu"].levels else snap.hierarchies["memory"]
+    level = level_for(h, cpu_cgroup(lim))
+    if level is None:
+        return None
+    running = blocked = total = 0
+    for tid in _thread_ids(host, level.directory, h.version):
+        text = host.try_read_text(f"/proc/{tid}/stat")
+        if text is None:
+            continue  # exited between the listing and the read
+        total += 1
+        try:
+            state = task_state(text)
+        except ValueError:
+            continue
+        if state == "R":
+            running += 1
+        elif state == "D":
+            blocked += 1
+    return TaskCounts(running, blocked, total)
+
+
+# ------------------------------------------------------------------ age
+
+def _starttime_ticks(host: HostRoot, pid: str) -> int | None:
+    text = host.try_read_text(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    try:
+        return int(text[text.rindex(")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def _ns_link(host: HostRoot, pid: str) -> str | None:
+    try:
+        return os.readlink(host.path(f"/proc/{pid}/ns/pid"))
+    except OSError:
+        return None
+
+
+def _pidns_init(host: HostRoot, pid: str) -> str | None:
+    """Pid (in our namespace) of the init of ``pid``'s pid namespace."""
+    ns = _ns_link(host, pid)
+    if ns is None:
+        return None
+    if ns == _ns_link(host, "1"):
+        return "1"
+    for entry in host.listdir("/proc"):
+        if not entry.isdigit() or _ns_link(host, entry) != ns:
+            continue
+        status = host.try_read_text(f"/proc/{entry}/status") or ""
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and line.split()[-1] == "1":
+                return entry
+    return None
+
+
+@dataclass(frozen=True)
+class ContainerAge:
+    seconds: float
+    source: str      # what was measured
+
+
+def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
+                       host_uptime: float, tck: int | None = None) -> ContainerAge | None:
+    tck = tck or clk_tck()
+    init = _pidns_init(host, snap.pid)
+    if init is not None:
+        start = _starttime_ticks(host, init)
+        if start is not None:
+            return ContainerAge(max(0.0, host_uptime - start / tck),
+                                f"start of pid-namespace init /proc/{init}")
+    # No visible init: the oldest process of the cgroup.
+    h = snap.hierarchies["cpu"] if snap.hierarchies["cpu"].levels else snap.hierarchies["memory"]
+    level = level_for(h, cpu_cgroup(lim))
+    if level is None:
+        return None
+    starts = [s for pid in (host.try_read_text(level.file_path("cgroup.procs")) or "").split()
+              if (s := _starttime_ticks(host, pid)) is not None]
+    if not starts:
+        return None
+    return ContainerAge(max(0.0, host_uptime - min(starts) / tck),
+                        f"oldest process of {level.directory}")
+
+
+# ------------------------------------------------------------------ I/O and pressure
+
+@dataclass(frozen=True)
+class IoCounters:
+    rbytes: int = 0
+    wbytes: int = 0
+    rios: int = 0
+    wios: int = 0
+    dbytes: int = 0
+    dios: int = 0
+
+
+def parse_io_stat(text: str) -> dict[tuple[int, int], IoCounters]:
+    """v2 ``io.stat``: ``MAJ:MIN rbytes=.. wbytes=.. rios=.. wios=.. dbytes=.. dios=..``."""
+    out: dict[tuple[int, int], IoCounters] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or ":" not in parts[0]:
+            continue
+        try:
+            major, minor = (int(x) for x in parts[0].split(":", 1))
+        except ValueError:
+            continue
+        kv: dict[str, int] = {}
+        for p in parts[1:]:
+            k, _, v = p.partition("=")
+            if v.isdigit():
+                kv[k] = int(v)
+        out[(major, minor)] = IoCounters(**{k: kv.get(k, 0) for k in
+                                            ("rbytes", "wbytes", "rios", "wios", "dbytes",
+                                             "dios")})
+    return out
+
+
+def parse_blkio_recursive(bytes_text: str, ios_text: str) -> dict[tuple[int, int], IoCounters]:
+    """v1 ``blkio.throttle.io_service_bytes_recursive`` + ``io_serviced_recursive``
+    (``MAJ:MIN Read N`` / ``Write`` / ``Discard`` lines, then ``Total``)."""
+    acc: dict[tuple[int, int], dict[str, int]] = {}
+    for text, suffix in ((bytes_text, "bytes"), (ios_text, "ios")):
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) != 3 or ":" not in parts[0] or not parts[2].isdigit():
+                continue
+            try:
+                dev = tuple(int(x) for x in parts[0].split(":", 1))
+            except ValueError:
+                continue
+            op = {"Read": "r", "Write": "w", "Discard": "d"}.get(parts[1])
+            if op is None:
+                continue
+            acc.setdefault(dev, {})[op + suffix] = int(parts[2])  # type: ignore[index]
+    return {dev: IoCounters(**kv) for dev, kv in acc.items()}  # type: ignore[misc]
+
+
+def read_io(snap: Snapshot) -> Mapping[tuple[int, int], IoCounters] | None:
+    h = snap.hierarchies["blkio"]
+    if h.leaf is None:
+        return None
+    if h.version == 2:
+        text = h.leaf.files.get("io.stat")
+        return None if text is None else MappingProxyType(parse_io_stat(text))
+    b = h.leaf.files.get("blkio.throttle.io_service_bytes_recursive")
+    n = h.leaf.files.get("blkio.throttle.io_serviced_recursive")
+    if b is None or n is None:
+        return None
+    return MappingProxyType(parse_blkio_recursive(b, n))
+
+
+def read_pressure(snap: Snapshot, lim: EffectiveLimits, resource: str) -> str | None:
+    """The cgroup's ``<resource>.pressure`` text (v2 only), at the level whose limit applies."""
+    controller, cgroup = {"cpu": ("cpu", cpu_cgroup(lim)),
+                          "memory": ("memory", memory_cgroup(lim)),
+                          "io": ("blkio", None)}[resource]
+    h = snap.hierarchies[controller]
+    if h.version != 2:
+        return None
+    level = level_for(h, cgroup)
+    if level is None:
+        return None
+    return level.files.get(f"{resource}.pressure")

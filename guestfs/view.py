@@ -1,0 +1,133 @@
+"""Which files guestfs serves, and how one guest path is rendered for one reader.
+
+The FUSE layer and `guestfs show` both go through render_file, so what show prints is
+what a mount serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from guestfs.hostroot import HostRoot
+from guestfs.limits import EffectiveLimits
+from guestfs.render.cpu import cpus_limited, render_cpu_list, render_cpuinfo
+from guestfs.render.diskstats import render_diskstats
+from guestfs.render.loadavg import LoadAverage, render_loadavg
+from guestfs.render.meminfo import memory_limited, render_meminfo, render_swaps
+from guestfs.render.stat import StatCounters, render_stat
+from guestfs.render.uptime import render_uptime
+from guestfs.snapshot import Snapshot
+from guestfs.usage import (
+    read_container_age,
+    read_cpu_usage,
+    read_io,
+    read_pressure,
+    read_task_counts,
+)
+
+CPU_LIST_FILES = ("/sys/devices/system/cpu/online", "/sys/devices/system/cpu/possible",
+                  "/sys/devices/system/cpu/present")
+PRESSURE_FILES = ("/proc/pressure/cpu", "/proc/pressure/memory", "/proc/pressure/io")
+SERVED_FILES = ("/proc/meminfo", "/proc/cpuinfo", "/proc/stat", "/proc/uptime",
+                "/proc/loadavg", "/proc/swaps", "/proc/diskstats", *PRESSURE_FILES,
+                *CPU_LIST_FILES)
+
+
+class UnknownFile(LookupError):
+    pass
+
+
+@dataclass
+class ViewState:
+    """What persists between reads of one view: served /proc/stat counters and the load
+    average the daemon's sampler maintains. `show` starts from a fresh one."""
+
+    stat: StatCounters = field(default_factory=StatCounters)
+    load: LoadAverage | None = None
+
+
+def any_limit(lim: EffectiveLimits) -> bool:
+    """Without any limit the process sees the host, and guestfs is transparent."""
+    return memory_limited(lim) or cpus_limited(lim) or lim.cpu_quota.limited
+
+
+def host_uptime(host: HostRoot) -> float:
+    return float(host.read_text("/proc/uptime").split()[0])
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    host: HostRoot
+    snap: Snapshot
+    lim: EffectiveLimits
+    state: ViewState
+
+
+def _stat(ctx: RenderContext, text: str) -> str:
+    lim = ctx.lim
+    if not (cpus_limited(lim) or lim.cpu_quota.limited):
+        return text
+    usage = read_cpu_usage(ctx.snap, lim)
+    if usage is None:
+        return text
+    up = host_uptime(ctx.host)
+    age = read_container_age(ctx.host, ctx.snap, lim, up)
+    tasks = read_task_counts(ctx.host, ctx.snap, lim)
+    return render_stat(text, lim.cpu_count.value, usage, age.seconds if age else up, tasks,
+                       ctx.state.stat)
+
+
+def _uptime(ctx: RenderContext, text: str) -> str:
+    if not any_limit(ctx.lim):
+        return text
+    age = read_container_age(ctx.host, ctx.snap, ctx.lim, float(text.split()[0]))
+    if age is None:
+        return text
+    return render_uptime(age.seconds, ctx.lim.cpu_count.value, read_cpu_usage(ctx.snap, ctx.lim))
+
+
+def _loadavg(ctx: RenderContext, text: str) -> str:
+    if not any_limit(ctx.lim):
+        return text
+    tasks = read_task_counts(ctx.host, ctx.snap, ctx.lim)
+    if tasks is None:
+        return text
+    load = ctx.state.load or LoadAverage.single_sample(tasks.running + tasks.blocked)
+    return render_loadavg(text, load, tasks.running, tasks.total)
+
+
+def _diskstats(ctx: RenderContext, text: str) -> str:
+    if not any_limit(ctx.lim):
+        return text
+    return render_diskstats(text, read_io(ctx.snap))
+
+
+def _pressure(resource: str) -> Callable[[RenderContext, str], str]:
+    def render(ctx: RenderContext, text: str) -> str:
+        return read_pressure(ctx.snap, ctx.lim, resource) or text
+    return render
+
+
+RENDERERS: dict[str, Callable[[RenderContext, str], str]] = {
+    "/proc/meminfo": lambda ctx, text: render_meminfo(text, ctx.lim),
+    "/proc/swaps": lambda ctx, text: render_swaps(text, ctx.lim),
+    "/proc/cpuinfo": lambda ctx, text: render_cpuinfo(text, ctx.lim),
+    "/proc/stat": _stat,
+    "/proc/uptime": _uptime,
+    "/proc/loadavg": _loadavg,
+    "/proc/diskstats": _diskstats,
+    **{p: _pressure(p.rsplit("/", 1)[1]) for p in PRESSURE_FILES},
+    **{p: (lambda ctx, text: render_cpu_list(text, ctx.lim)) for p in CPU_LIST_FILES},
+}
+assert set(RENDERERS) == set(SERVED_FILES)
+
+
+def render_file(path: str, host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
+                state: ViewState | None = None) -> str:
+    """The text guestfs serves at guest ``path``; the host file is read under ``host``."""
+    renderer = RENDERERS.get(path)
+    if renderer is None:
+        raise UnknownFile(path)
+    text = host.read_text(path)
+    return renderer(RenderContext(host, snap, lim, state or ViewState()), text)
