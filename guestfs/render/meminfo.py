@@ -62,6 +62,10 @@ def meminfo_values(lim: EffectiveLimits) -> dict[str, int]:
             out[line] = min(total, sum(stat[k] for k in ks) // 1024)
     if "SwapCached" not in out:
         out["SwapCached"] = 0
+    if not v2:
+        # v1 memory.stat has no slab counters. The host's would inflate free's buff/cache
+        # (Buffers + Cached + SReclaimable) past the container's total, so say 0.
+        out.update({"Slab": 0, "SReclaimable": 0, "SUnreclaim": 0, "KReclaimable": 0})
     pf = "" if v2 else "total_"
     reclaimable = (stat.get(pf + "active_file", 0) + stat.get(pf + "inactive_file", 0)
                    + stat.get("slab_reclaimable", 0)) // 1024

@@ -1,0 +1,111 @@
+"""Properties over random limits and usages (hypothesis)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guestfs.host_proc import HostInfo
+from guestfs.limits import EffectiveLimits, MemoryUsage
+from guestfs.provenance import CGROUP, HOST, Resolved, Source
+from guestfs.render.cpu import render_cpu_list, render_cpuinfo
+from guestfs.render.meminfo import render_meminfo, render_swaps
+from guestfs.render.stat import StatCounters, cpu_lines, render_stat
+from guestfs.usage import CpuUsage
+from tests.conftest import fixture_root
+from tests.render_helpers import meminfo_kb
+
+HOST_MEMINFO = (fixture_root("k8s-systemd-v2-besteffort") / "proc/meminfo").read_text()
+HOST_MEM = 16309852 * 1024
+HOST_SWAP = 2097148 * 1024
+HOST_CPUINFO = (fixture_root("k8s-systemd-v2-besteffort") / "proc/cpuinfo").read_text()
+HOST_STAT = (fixture_root("k8s-systemd-v2-besteffort") / "proc/stat").read_text()
+SRC = Source(CGROUP, "/sys/fs/cgroup/x/memory.max", "/x")
+U64 = 2**64 - 1
+
+stat_keys = ["anon", "file", "active_anon", "inactive_anon", "active_file", "inactive_file",
+             "slab_reclaimable", "slab_unreclaimable", "slab", "shmem", "file_mapped",
+             "file_dirty", "file_writeback", "anon_thp", "unevictable"]
+
+
+def make_limits(limit: int, usage: int, stat: dict[str, int], swap: int, swap_used: int,
+                version: int, cpus: tuple[int, ...] = tuple(range(8)), n: int = 8
+                ) -> EffectiveLimits:
+    mu = MemoryUsage(usage, MappingProxyType(stat), SRC)
+    return EffectiveLimits(
+        pid="self", host=HostInfo(HOST_MEM, HOST_SWAP, tuple(range(8))),
+        memory=Resolved(min(limit, HOST_MEM), SRC, limit < HOST_MEM),
+        memory_usage=mu, leaf_memory_usage=mu,
+        swap=Resolved(min(swap, HOST_SWAP), SRC, True),
+        swap_usage=Resolved(swap_used, SRC, True),
+        cpu_quota=Resolved(None, Source(HOST), False),
+        cpuset=Resolved(cpus, SRC, True), cpu_count=Resolved(n, SRC, True),
+        visible_cpus=cpus[:n], cpu_rounding="ceil",
+        cgroup_versions=MappingProxyType({"memory": version, "cpu": version,
+                                          "cpuset": version}),
+        warnings=())
+
+
+@settings(max_examples=300, deadline=None)
+@given(limit=st.integers(1, 2 * HOST_MEM), usage=st.integers(0, 4 * HOST_MEM),
+       values=st.lists(st.integers(0, 4 * HOST_MEM), min_size=len(stat_keys),
+                       max_size=len(stat_keys)),
+       swap=st.integers(0, 2 * HOST_SWAP), swap_used=st.integers(0, 4 * HOST_SWAP),
+       version=st.sampled_from([1, 2]))
+def test_meminfo_is_ordered_bounded_and_never_wraps(limit, usage, values, swap, swap_used,
+                                                    version):
+    stat = dict(zip(stat_keys, values, strict=True))
+    if version == 1:
+        stat = {"total_" + k: v for k, v in stat.items()}
+    lim = make_limits(limit, usage, stat, swap, swap_used, version)
+    got = meminfo_kb(render_meminfo(HOST_MEMINFO, lim))
+    assert 0 < got["MemTotal"] <= HOST_MEM // 1024
+    assert 0 <= got["MemFree"] <= got["MemAvailable"] <= got["MemTotal"]
+    assert 0 <= got["SwapFree"] <= got["SwapTotal"] <= HOST_SWAP // 1024
+    assert all(0 <= v < U64 for v in got.values())
+    swaps = render_swaps("", lim).splitlines()
+    if got["SwapTotal"] > 0:
+        assert int(swaps[1].split()[2]) == got["SwapTotal"]
+    else:
+        assert len(swaps) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 5_000_000), st.integers(0, 5_000_000),
+                                st.floats(0, 30), st.integers(1, 8)),
+                      min_size=1, max_size=25))
+def test_stat_counters_are_monotonic_across_reads_and_limit_changes(steps):
+    state = StatCounters()
+    user = system = 0
+    age = 100.0
+    prev: dict[str, list[int]] = {}
+    for du, ds, dt, n in steps:
+        user, system, age = user + du, system + ds, age + dt
+        lines = cpu_lines(n, CpuUsage(user, system, "cpu.stat"), age, state)
+        for name, fields in lines:
+            assert all(f >= 0 for f in fields)
+            if name in prev:
+                assert all(a >= b for a, b in zip(fields, prev[name], strict=True)), name
+            prev[name] = fields
+        assert [name for name, _ in lines] == ["cpu"] + [f"cpu{i}" for i in range(n)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(cpus=st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True),
+       n=st.integers(1, 8))
+def test_cpuinfo_stat_and_online_agree_on_n(cpus, n):
+    cpus_t = tuple(sorted(cpus))
+    n = min(n, len(cpus_t))
+    lim = make_limits(HOST_MEM // 2, 0, {}, 0, 0, 2, cpus_t, n)
+    info = render_cpuinfo(HOST_CPUINFO, lim)
+    online = render_cpu_list("0-7\n", lim)
+    stat = render_stat(HOST_STAT, n, CpuUsage(10**6, 10**6, "x"), 50.0)
+    if cpus_t[:n] == tuple(range(8)):
+        assert online == "0-7\n"
+    else:
+        assert online == ("0\n" if n == 1 else f"0-{n - 1}\n")
+    shown = info.count("processor\t:")
+    stat_n = sum(1 for ln in stat.splitlines() if ln.startswith("cpu") and ln[3] != " ")
+    assert shown == stat_n == n
