@@ -63,8 +63,12 @@ def v1_cgroup(memory: int, quota: int, period: int, cpus: str | None = None
     name = f"guestfs-test-{uuid.uuid4().hex[:8]}"
     dirs: dict[str, str] = {}
     paths: dict[str, str] = {}
+    controllers = ["memory", "cpu", "cpuset"]
+    acct = _v1_dir("cpuacct")
+    if acct is not None and acct[0] != _v1_dir("cpu")[0]:  # type: ignore[index]
+        controllers.append("cpuacct")  # a hierarchy of its own (this machine)
     try:
-        for c in ("memory", "cpu", "cpuset"):
+        for c in controllers:
             base, path = _v1_dir(c)  # type: ignore[misc]
             d = os.path.join(base, name)
             os.mkdir(d)

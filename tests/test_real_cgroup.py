@@ -55,3 +55,47 @@ def test_exited_pid_is_a_clear_error_exit_1():
                          capture_output=True, text=True)
     assert out.returncode == 1
     assert f"pid {proc.pid}" in out.stderr and "Traceback" not in out.stderr
+
+
+def show(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "guestfs", "show", *args], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_show_on_a_real_cgroup():
+    with v1_cgroup(512 * 1024 * 1024, 50000, 100000) as cg, process_in(cg) as proc:
+        pid = str(proc.pid)
+        meminfo = show("/proc/meminfo", "--pid", pid)
+        assert meminfo.startswith("MemTotal:         524288 kB\n")
+        assert show("/sys/devices/system/cpu/online", "--pid", pid) == "0\n"
+        assert show("/proc/cpuinfo", "--pid", pid).count("processor\t:") == 1
+        stat = show("/proc/stat", "--pid", pid).splitlines()
+        assert stat[0].startswith("cpu  ") and stat[1].startswith("cpu0 ")
+        assert not stat[2].startswith("cpu")
+        # The cgroup's own CPU time: a sleeping process has used next to none of it.
+        acct = cg.dirs.get("cpuacct", cg.dirs["cpu"])
+        with open(f"{acct}/cpuacct.usage") as f:
+            used_ticks = int(f.read()) // 10_000_000
+        user, system = int(stat[0].split()[1]), int(stat[0].split()[3])
+        assert user + system <= used_ticks + 1
+
+
+def test_the_readme_demo_runs_and_cleans_up():
+    import os
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    guestfs = shutil.which("guestfs", path=str(Path(sys.executable).parent))
+    assert guestfs, "guestfs console script missing: .ci/setup installs it"
+    out = subprocess.run(["bash", str(repo / ".ci/demo")], capture_output=True, text=True,
+                         env={**os.environ, "GUESTFS": guestfs}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    host_part, guest_part = out.stdout.split("with guestfs's files over /proc")
+    assert "Mem:             512 " in guest_part
+    assert "os.cpu_count() = 1" in guest_part
+    assert "Mem:             512 " not in host_part
+    leftovers = subprocess.run("grep -l guestfs-demo /proc/*/cgroup 2>/dev/null; "
+                               "find /sys/fs/cgroup -maxdepth 4 -name 'guestfs-demo-*'",
+                               shell=True, capture_output=True, text=True).stdout
+    assert leftovers.strip() == ""
