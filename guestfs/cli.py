@@ -9,11 +9,18 @@ from collections.abc import Sequence
 
 from guestfs import __version__
 from guestfs.explain import to_json_text, to_text
-from guestfs.explicit import ExplicitLimitError, ExplicitSettings, collect_explicit
+from guestfs.explicit import (
+    ExplicitLimitError,
+    ExplicitLimits,
+    ExplicitSettings,
+    collect_explicit,
+)
+from guestfs.fuse_binding import BINDINGS
 from guestfs.host_proc import HostInfoError
 from guestfs.hostroot import HostReadError, HostRoot
 from guestfs.limits import ROUNDINGS, EffectiveLimits, effective_limits
 from guestfs.proc_cgroup import PidGone
+from guestfs.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.snapshot import Snapshot, read_snapshot
 from guestfs.view import SERVED_FILES, render_file
 
@@ -24,12 +31,13 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit status 1."""
 
 
-def add_limit_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("where to look")
-    g.add_argument("--root", default="/", metavar="DIR",
-                   help="read host files (/proc, /sys) under DIR (default: /)")
-    g.add_argument("--pid", default="self",
-                   help="the process whose limits apply (default: the caller)")
+def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
+    if where:
+        g = p.add_argument_group("where to look")
+        g.add_argument("--root", default="/", metavar="DIR",
+                       help="read host files (/proc, /sys) under DIR (default: /)")
+        g.add_argument("--pid", default="self",
+                       help="the process whose limits apply (default: the caller)")
     e = p.add_argument_group(
         "explicit limits (the effective value is the minimum of all sources)")
     e.add_argument("--memory-limit", metavar="Q",
@@ -51,9 +59,8 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
                         "the JDK, Go and the downward API do) [env GUESTFS_CPU_ROUNDING]")
 
 
-def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
-                   ) -> tuple[HostRoot, Snapshot, EffectiveLimits]:
-    env = dict(os.environ) if env is None else env
+def explicit_from_args(args: argparse.Namespace, env: dict[str, str]
+                       ) -> tuple[ExplicitLimits, str]:
     rounding = args.cpu_rounding or env.get(ENV_CPU_ROUNDING) or "ceil"
     if rounding not in ROUNDINGS:
         raise CliError(f"{ENV_CPU_ROUNDING}={rounding!r}: use one of {', '.join(ROUNDINGS)}")
@@ -61,11 +68,29 @@ def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
         memory_limit=args.memory_limit, cpu_limit=args.cpu_limit, limits_dir=args.limits_dir,
         memory_divisor=args.memory_divisor, cpu_divisor=args.cpu_divisor, env=env)
     try:
-        explicit = collect_explicit(settings)
-        host = HostRoot(args.root)
-        snap = read_snapshot(host, args.pid)
+        return collect_explicit(settings), rounding
     except ExplicitLimitError as e:
         raise CliError(str(e)) from e
+
+
+def limit_argv(args: argparse.Namespace) -> list[str]:
+    """The limit options of ``args`` as command-line words (run passes them to mount)."""
+    out: list[str] = []
+    for opt in ("memory_limit", "cpu_limit", "limits_dir", "memory_divisor", "cpu_divisor",
+                "cpu_rounding"):
+        value = getattr(args, opt)
+        if value is not None:
+            out += ["--" + opt.replace("_", "-"), str(value)]
+    return out
+
+
+def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
+                   ) -> tuple[HostRoot, Snapshot, EffectiveLimits]:
+    env = dict(os.environ) if env is None else env
+    explicit, rounding = explicit_from_args(args, env)
+    try:
+        host = HostRoot(args.root)
+        snap = read_snapshot(host, args.pid)
     except PidGone as e:
         raise CliError(f"{e} (has it exited?)") from e
     except (HostReadError, HostInfoError) as e:
@@ -101,6 +126,66 @@ every 5 s; show takes a single sample and prints it as all three averages.
 """
 
 
+def add_mount_options(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("filesystem")
+    m.add_argument("--view", choices=VIEWS, default=DEFAULT_VIEW,
+                   help="whose cgroup a read reflects: the reading process (caller, the "
+                        "default: per-container views even in a shared-pid pod), its "
+                        "pid-namespace init (init, LXCFS's choice) or the daemon's own "
+                        "(self); an exited pid falls back to the next")
+    m.add_argument("--cgroup", metavar="PATH",
+                   help="pin every read to this cgroup path (as /proc/<pid>/cgroup names it)")
+    m.add_argument("--cache-ttl", type=float, default=DEFAULT_CACHE_TTL, metavar="SECONDS",
+                   help=f"how long a computed view is reused (default {DEFAULT_CACHE_TTL})")
+    m.add_argument("--fuse-binding", choices=BINDINGS, default="auto",
+                   help="auto (default): mfusepy on libfuse3 if installed, else fusepy")
+    m.add_argument("--allow-other", action="store_true",
+                   help="let other users (and other containers' processes) read the files")
+    m.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def mount_argv(args: argparse.Namespace) -> list[str]:
+    out = ["--view", args.view, "--cache-ttl", str(args.cache_ttl),
+           "--fuse-binding", args.fuse_binding, *limit_argv(args)]
+    if args.cgroup:
+        out += ["--cgroup", args.cgroup]
+    if args.allow_other:
+        out.append("--allow-other")
+    if args.verbose:
+        out.append("--verbose")
+    return out
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from guestfs.fuse_binding import BindingError
+    from guestfs.mountcmd import MountError, MountOptions, serve, setup_logging
+
+    setup_logging(args.verbose)
+    explicit, rounding = explicit_from_args(args, dict(os.environ))
+    opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
+                        rounding, args.fuse_binding, args.allow_other, args.daemon,
+                        args.pid_file, args.log_file)
+    try:
+        return serve(opts)
+    except (MountError, BindingError, OSError) as e:
+        raise CliError(str(e)) from e
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from guestfs.mountcmd import setup_logging
+    from guestfs.runcmd import RunError, run
+
+    setup_logging(args.verbose)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
+    explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
+    try:
+        return run(args.mountpoint, cmd, mount_argv(args))
+    except (RunError, OSError) as e:
+        raise CliError(str(e)) from e
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="guestfs",
@@ -123,6 +208,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE", help="a guest path such as /proc/meminfo")
     add_limit_options(p)
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("mount", help="serve the files over FUSE at MOUNTPOINT",
+                       description="Mount the guestfs filesystem: MOUNTPOINT/proc/{meminfo,"
+                                   "cpuinfo,stat,uptime,loadavg,swaps,diskstats}, "
+                                   "MOUNTPOINT/proc/pressure/*, MOUNTPOINT/sys/devices/system/"
+                                   "cpu/{online,possible,present} (LXCFS's layout). Runs in "
+                                   "the foreground, logging to stderr; SIGTERM/SIGINT unmount.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--daemon", action="store_true",
+                   help="detach once mounted (logs go to --log-file, else nowhere)")
+    p.add_argument("--pid-file", metavar="FILE", help="write the serving process's pid here")
+    p.add_argument("--log-file", metavar="FILE", help="with --daemon: append logs here")
+    add_mount_options(p)
+    add_limit_options(p, where=False)
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("run", help="run a command that sees guestfs's files over /proc, /sys",
+                       description="Mount (or reuse) the filesystem at --mountpoint, run CMD "
+                                   "in a private mount namespace where every served file is "
+                                   "bind-mounted over its /proc or /sys counterpart, and exit "
+                                   "with CMD's status (signals are forwarded).")
+    p.add_argument("--mountpoint", default="/run/guestfs",
+                   help="where the filesystem is or will be mounted (default /run/guestfs)")
+    add_mount_options(p)
+    add_limit_options(p, where=False)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

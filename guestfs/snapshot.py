@@ -151,7 +151,21 @@ def read_hierarchy(host: HostRoot, mounts: list[CgroupMount],
 
 def read_snapshot(host: HostRoot, pid: int | str = "self") -> Snapshot:
     """Everything about ``pid`` the engine needs. Raises PidGone for a pid that is not there."""
-    memberships = read_proc_cgroup(host, pid)
+    return snapshot_of(host, read_proc_cgroup(host, pid), pid)
+
+
+def memberships_for_path(host: HostRoot, path: str) -> list[CgroupMembership]:
+    """Membership lines as if a process sat in cgroup ``path`` of every hierarchy
+    (``guestfs mount --cgroup PATH`` pins the view to one cgroup)."""
+    out = [CgroupMembership(0, frozenset(), path)]
+    for i, m in enumerate(read_cgroup_mounts(host, "self"), start=1):
+        if m.version == 1:
+            out.append(CgroupMembership(i, m.controllers, path))
+    return out
+
+
+def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
+                pid: int | str = "self") -> Snapshot:
     host_info = read_host_info(host)
     warnings: list[str] = []
     try:

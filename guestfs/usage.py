@@ -165,7 +165,7 @@ def _ns_link(host: HostRoot, pid: str) -> str | None:
         return None
 
 
-def _pidns_init(host: HostRoot, pid: str) -> str | None:
+def pidns_init(host: HostRoot, pid: str) -> str | None:
     """Pid (in our namespace) of the init of ``pid``'s pid namespace."""
     ns = _ns_link(host, pid)
     if ns is None:
@@ -191,7 +191,7 @@ class ContainerAge:
 def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
                        host_uptime: float, tck: int | None = None) -> ContainerAge | None:
     tck = tck or clk_tck()
-    init = _pidns_init(host, snap.pid)
+    init = pidns_init(host, snap.pid)
     if init is not None:
         start = _starttime_ticks(host, init)
         if start is not None:

@@ -1,0 +1,61 @@
+"""Load the FUSE binding. Only `guestfs mount` imports this: show and explain work where
+libfuse is not installed.
+
+The code uses the fusepy API. mfusepy, a maintained fork with the same API, also drives
+libfuse3 and serves a read in about half the time here (docs/performance.md), so it is
+the default when installed; fusepy with libfuse2 is the fallback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+BINDINGS = ("auto", "mfusepy3", "mfusepy2", "fusepy")
+
+
+@dataclass(frozen=True)
+class Binding:
+    module: ModuleType
+    name: str          # what the startup log says
+    libfuse: str
+
+
+class BindingError(RuntimeError):
+    pass
+
+
+def _try(choice: str) -> Binding:
+    if choice.startswith("mfusepy"):
+        os.environ["FUSE_LIBRARY_NAME"] = "fuse3" if choice == "mfusepy3" else "fuse"
+        mod = importlib.import_module("mfusepy")
+        lib = str(getattr(mod, "_libfuse_path", "?"))
+        if choice == "mfusepy3" and "fuse3" not in lib:
+            raise BindingError(f"mfusepy loaded {lib}, not libfuse3")
+        return Binding(mod, f"mfusepy {_version('mfusepy')}", lib)
+    mod = importlib.import_module("fuse")
+    return Binding(mod, f"fusepy {_version('fusepy')}", str(getattr(mod, "_libfuse_path", "?")))
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def load_binding(choice: str = "auto") -> Binding:
+    if choice not in BINDINGS:
+        raise BindingError(f"unknown FUSE binding {choice!r}; use one of {BINDINGS}")
+    order = ["mfusepy3", "mfusepy2", "fusepy"] if choice == "auto" else [choice]
+    errors = []
+    for c in order:
+        try:
+            return _try(c)
+        except (ImportError, OSError, BindingError) as e:
+            errors.append(f"{c}: {e}")
+    raise BindingError("no usable FUSE binding (install fuse3/libfuse2 and fusepy or "
+                       "mfusepy): " + "; ".join(errors))

@@ -1,0 +1,119 @@
+"""The FUSE operations: a thin layer from paths and file handles to ViewServer.render.
+
+Layout under the mount point is LXCFS's, so its recipes work with the path changed:
+proc/{meminfo,...}, proc/pressure/{cpu,memory,io}, sys/devices/system/cpu/{online,...}.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import stat
+import threading
+import time
+from types import ModuleType
+from typing import Any
+
+from guestfs.server import ViewServer
+from guestfs.view import SERVED_FILES
+
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+
+
+def _tree() -> tuple[dict[str, list[str]], set[str]]:
+    dirs: dict[str, list[str]] = {"/": []}
+    for f in SERVED_FILES:
+        parts = f.strip("/").split("/")
+        for depth in range(1, len(parts) + 1):
+            parent = "/" + "/".join(parts[: depth - 1]) if depth > 1 else "/"
+            child = "/" + "/".join(parts[:depth])
+            if parts[depth - 1] not in dirs[parent]:
+                dirs[parent].append(parts[depth - 1])
+            if depth < len(parts):
+                dirs.setdefault(child, [])
+    return dirs, set(SERVED_FILES)
+
+
+def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
+    """An Operations instance for the binding module ``fuse`` (fusepy or mfusepy)."""
+    dirs, files = _tree()
+    started = time.time()
+    erofs = fuse.FuseOSError(errno.EROFS)
+
+    class GuestFS(fuse.Operations):  # type: ignore[misc, name-defined]
+        use_ns = True
+
+        def __init__(self) -> None:
+            self._handles: dict[int, bytes | None] = {}
+            self._next = itertools.count(1)
+            self._lock = threading.Lock()
+
+        def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+            t = int(started * 1e9)
+            if path in dirs:
+                return {"st_mode": DIR_MODE, "st_nlink": 2, "st_mtime": t, "st_ctime": t,
+                        "st_atime": t}
+            if path in files:
+                # procfs reports size 0 and sysfs 4096; direct_io makes reads ignore it.
+                size = 4096 if path.startswith("/sys/") else 0
+                return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": size,
+                        "st_mtime": t, "st_ctime": t, "st_atime": t}
+            raise fuse.FuseOSError(errno.ENOENT)
+
+        def readdir(self, path: str, fh: Any) -> list[Any]:
+            if path not in dirs:
+                raise fuse.FuseOSError(errno.ENOTDIR if path in files else errno.ENOENT)
+            base = path.rstrip("/")
+            out: list[Any] = [(".", {"st_mode": DIR_MODE}, 0), ("..", {"st_mode": DIR_MODE}, 0)]
+            for name in dirs[path]:
+                mode = DIR_MODE if f"{base}/{name}" in dirs else FILE_MODE
+                out.append((name, {"st_mode": mode}, 0))
+            return out
+
+        def open(self, path: str, fi: Any) -> int:
+            if path not in files:
+                raise fuse.FuseOSError(errno.EISDIR if path in dirs else errno.ENOENT)
+            if fi.flags & os.O_ACCMODE != os.O_RDONLY or fi.flags & os.O_TRUNC:
+                raise erofs
+            # direct_io: every read reaches us, so a size of 0 neither truncates nor
+            # empties the file, and nothing stale is served from the page cache.
+            fi.direct_io = 1
+            with self._lock:
+                fi.fh = next(self._next)
+                self._handles[fi.fh] = None
+            return 0
+
+        def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+            # One rendering per open, made at offset 0: later offsets of the same open
+            # come from it, so a reader never sees a file torn between two renderings.
+            data = self._handles.get(fi.fh)
+            if data is None or offset == 0:
+                data = server.render(path, fuse.fuse_get_context()[2])
+                self._handles[fi.fh] = data
+            return data[offset:offset + size]
+
+        def release(self, path: str, fi: Any) -> int:
+            with self._lock:
+                self._handles.pop(fi.fh, None)
+            return 0
+
+        def statfs(self, path: str) -> dict[str, int]:
+            return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+
+        def access(self, path: str, amode: int) -> int:
+            if path not in dirs and path not in files:
+                raise fuse.FuseOSError(errno.ENOENT)
+            if amode & os.W_OK:
+                raise erofs
+            return 0
+
+        # Read-only filesystem: everything that would change it.
+        def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+            raise erofs
+
+        write = create = mkdir = rmdir = unlink = rename = link = symlink = mknod = _refuse
+        chmod = chown = truncate = utimens = setxattr = removexattr = _refuse
+
+    return GuestFS()

@@ -1,0 +1,147 @@
+"""`guestfs mount`: set up and run the FUSE daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from guestfs import sysmount
+from guestfs.explicit import ExplicitLimits
+from guestfs.fuse_binding import load_binding
+from guestfs.fusefs import make_operations
+from guestfs.hostpin import pin_host_files
+from guestfs.server import ServerConfig, ViewServer
+from guestfs.view import SERVED_FILES
+
+log = logging.getLogger("guestfs.mount")
+FSNAME = "guestfs"
+ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
+LIBFUSE3_STOPPED_BY_SIGNAL = 8
+
+
+class MountError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    mountpoint: str
+    view: str
+    cgroup: str | None
+    cache_ttl: float
+    explicit: ExplicitLimits
+    cpu_rounding: str
+    binding: str = "auto"
+    allow_other: bool = False
+    daemon: bool = False
+    pid_file: str | None = None
+    log_file: str | None = None
+
+
+def is_guestfs_mount(path: str) -> bool:
+    """A live guestfs mount at ``path`` (read from our mount table)."""
+    path = os.path.abspath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                sep = fields.index("-")
+                if fields[4] == path and fields[sep + 1] == f"fuse.{FSNAME}":
+                    return not sysmount.is_stale_mount(path)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def prepare_mountpoint(mp: str) -> None:
+    if sysmount.is_stale_mount(mp):
+        # A daemon was killed and left "Transport endpoint is not connected" behind.
+        log.warning("%s: stale FUSE mount from a dead daemon; detaching it", mp)
+        sysmount.umount(mp, detach=True)
+    if os.path.ismount(mp):
+        raise MountError(f"{mp} is already a mount point"
+                         + (" (a running guestfs)" if is_guestfs_mount(mp) else ""))
+    os.makedirs(mp, exist_ok=True)
+
+
+def wait_mounted(mp: str, child_pid: int | None = None, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if is_guestfs_mount(mp):
+            return True
+        if child_pid is not None:
+            done, _ = os.waitpid(child_pid, os.WNOHANG)
+            if done:
+                return False
+        time.sleep(0.02)
+    return False
+
+
+def _daemonize(opts: MountOptions) -> None:
+    """Fork; the parent returns to exit once the mount is up, the child serves."""
+    pid = os.fork()
+    if pid > 0:
+        ok = wait_mounted(opts.mountpoint, pid)
+        os._exit(0 if ok else 1)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    out = os.open(opts.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
+        if opts.log_file else devnull
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+
+
+def serve(opts: MountOptions) -> int:
+    mp = os.path.abspath(opts.mountpoint)
+    binding = load_binding(opts.binding)
+    prepare_mountpoint(mp)
+    if opts.daemon:
+        _daemonize(opts)
+    host = pin_host_files(SERVED_FILES)
+    server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
+                                           opts.explicit, opts.cpu_rounding))
+    server.start_sampler()
+    if opts.pid_file:
+        with open(opts.pid_file, "w") as f:
+            f.write(f"{os.getpid()}\n")
+    log.info("serving %s with %s (%s); view=%s%s cache_ttl=%gs host files from %s", mp,
+             binding.name, binding.libfuse, opts.view,
+             f" cgroup={opts.cgroup}" if opts.cgroup else "", opts.cache_ttl, host.origin)
+    # libfuse only installs its SIGINT/SIGTERM handlers (which unmount cleanly) over the
+    # default disposition, and Python has its own SIGINT handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
+              "subtype": FSNAME, "attr_timeout": ATTR_TIMEOUT, "entry_timeout": ATTR_TIMEOUT,
+              "default_permissions": True}
+    if opts.allow_other:
+        kwargs["allow_other"] = True
+    try:
+        binding.module.FUSE(make_operations(binding.module, server), mp, raw_fi=True, **kwargs)
+    except RuntimeError as e:
+        # libfuse3's fuse_main returns 8 when a signal ended the loop: a clean stop.
+        if e.args != (LIBFUSE3_STOPPED_BY_SIGNAL,):
+            log.error("FUSE failed on %s: %s", mp, e)
+            return 1
+    finally:
+        server.stop()
+        host.close()
+        if opts.pid_file:
+            with contextlib.suppress(OSError):
+                os.unlink(opts.pid_file)
+        if sysmount.is_stale_mount(mp) or is_guestfs_mount(mp):
+            with contextlib.suppress(OSError):
+                sysmount.umount(mp, detach=True)
+    log.info("unmounted %s (%d reads fell back to host files)", mp, server.errors)
+    return 0
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO,
+                        format="guestfs[%(process)d] %(levelname)s %(name)s: %(message)s")

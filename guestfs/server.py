@@ -1,0 +1,190 @@
+"""The daemon's core, apart from FUSE: which view a reader gets, caching, per-view state.
+
+For every read the FUSE layer asks render(path, pid). The pid's cgroup names the view;
+views are cached for a short TTL (a hit costs no cgroup file reads), and each view keeps
+the state that must outlive the cache: /proc/stat counters (monotonic for top and
+psutil) and the load average the sampler thread feeds every 5 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from cachetools import LRUCache, TTLCache
+
+from guestfs.explicit import ExplicitLimits
+from guestfs.hostroot import HostReadError, HostRoot
+from guestfs.limits import EffectiveLimits, effective_limits
+from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
+from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
+from guestfs.snapshot import Snapshot, memberships_for_path, snapshot_of
+from guestfs.usage import pidns_init, read_task_counts
+from guestfs.view import ViewState, render_file
+
+log = logging.getLogger("guestfs.server")
+
+VIEWS = ("caller", "init", "self")
+DEFAULT_VIEW = "caller"
+DEFAULT_CACHE_TTL = 0.5
+# Rendered afresh on every read: its first field is wall time, and top divides process
+# CPU ticks by its deltas.
+UNCACHED = frozenset({"/proc/uptime"})
+PINNED = "cgroup:"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    view: str = DEFAULT_VIEW
+    cgroup: str | None = None            # pinned view: this cgroup path, whoever reads
+    cache_ttl: float = DEFAULT_CACHE_TTL
+    explicit: ExplicitLimits = field(default_factory=ExplicitLimits)
+    cpu_rounding: str = "ceil"
+
+
+@dataclass
+class _View:
+    snap: Snapshot
+    lim: EffectiveLimits
+
+
+@dataclass
+class _Entry:
+    state: ViewState = field(default_factory=ViewState)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    last_used: float = 0.0
+
+
+class ViewServer:
+    def __init__(self, host: HostRoot, config: ServerConfig) -> None:
+        if config.view not in VIEWS:
+            raise ValueError(f"unknown view {config.view!r}; use one of {VIEWS}")
+        self.host = host
+        self.config = config
+        ttl = config.cache_ttl
+        self._lock = threading.Lock()
+        self._pid_keys: TTLCache[int, tuple[str, str]] = TTLCache(8192, ttl)
+        self._views: TTLCache[str, _View] = TTLCache(1024, ttl)
+        self._rendered: TTLCache[tuple[str, str], bytes] = TTLCache(8192, ttl)
+        self._entries: LRUCache[str, _Entry] = LRUCache(1024)
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+        self.errors = 0
+
+    # ------------------------------------------------------------ which view
+
+    def _candidates(self, pid: int) -> list[str]:
+        """Pids to try, best first; an exited pid falls through to the next."""
+        if self.config.view == "self" or pid <= 0:
+            return ["self"]
+        if self.config.view == "init":
+            init = pidns_init(self.host, str(pid))
+            return [p for p in (init, str(pid), "self") if p]
+        return [str(pid), "self"]
+
+    def key_for(self, pid: int) -> tuple[str, str]:
+        """(view key, pid used). The key is the pid's /proc/<pid>/cgroup text: readers in
+        the same cgroups share one view."""
+        if self.config.cgroup is not None:
+            return PINNED + self.config.cgroup, "self"
+        with self._lock:
+            hit = self._pid_keys.get(pid)
+        if hit is not None:
+            return hit
+        for cand in self._candidates(pid):
+            text = self.host.try_read_text(f"/proc/{cand}/cgroup")
+            if text:
+                key = (text, cand)
+                if cand != "self":
+                    with self._lock:
+                        self._pid_keys[pid] = key
+                return key
+        raise PidGone(f"no readable /proc/<pid>/cgroup for pid {pid} or the daemon")
+
+    def _build_view(self, key: str, pid: str) -> _View:
+        # The key is the cgroup membership text itself, so no second read of
+        # /proc/<pid>/cgroup (the pid may be gone by now).
+        if key.startswith(PINNED):
+            memberships = memberships_for_path(self.host, key[len(PINNED):])
+        else:
+            memberships = parse_proc_cgroup(key)
+        snap = snapshot_of(self.host, memberships, pid)
+        return _View(snap, effective_limits(snap, self.config.explicit, self.config.cpu_rounding))
+
+    def _view(self, key: str, pid: str) -> _View:
+        with self._lock:
+            view = self._views.get(key)
+        if view is None:
+            view = self._build_view(key, pid)
+            with self._lock:
+                self._views[key] = view
+        return view
+
+    def _entry(self, key: str) -> _Entry:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry()
+            entry.last_used = time.monotonic()
+            return entry
+
+    # ------------------------------------------------------------ reads
+
+    def render(self, path: str, pid: int) -> bytes:
+        """The bytes served at ``path`` to ``pid``; never raises for bad cgroup input: it
+        falls back to the host's file and logs why."""
+        try:
+            key, used = self.key_for(pid)
+            if path not in UNCACHED:
+                with self._lock:
+                    hit = self._rendered.get((key, path))
+                if hit is not None:
+                    return hit
+            view = self._view(key, used)
+            entry = self._entry(key)
+            with entry.lock:
+                if path == "/proc/loadavg" and entry.state.load is None:
+                    tasks = read_task_counts(self.host, view.snap, view.lim)
+                    if tasks is not None:
+                        entry.state.load = LoadAverage.single_sample(
+                            tasks.running + tasks.blocked)
+                data = render_file(path, self.host, view.snap, view.lim,
+                                   entry.state).encode()
+            if path not in UNCACHED:
+                with self._lock:
+                    self._rendered[(key, path)] = data
+            return data
+        except (HostReadError, PidGone, ValueError, OSError, LookupError) as e:
+            self.errors += 1
+            log.warning("%s for pid %s: %s; serving the host's file", path, pid, e)
+            return self.host.read_text(path).encode()
+
+    # ------------------------------------------------------------ loadavg sampler
+
+    def sample_loads(self) -> None:
+        with self._lock:
+            items = list(self._entries.items())
+        for key, entry in items:
+            if entry.state.load is None:
+                continue
+            try:
+                view = self._view(key, "self")
+                tasks = read_task_counts(self.host, view.snap, view.lim)
+            except (OSError, LookupError, ValueError) as e:
+                log.debug("load sample failed: %s", e)
+                continue
+            if tasks is not None:
+                with entry.lock:
+                    entry.state.load.sample(tasks.running + tasks.blocked)
+
+    def start_sampler(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(SAMPLE_SECONDS):
+                self.sample_loads()
+        self._sampler = threading.Thread(target=loop, name="guestfs-loadavg", daemon=True)
+        self._sampler.start()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,71 @@
+"""A real guestfs mount for tests: started as a subprocess, always unmounted."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from guestfs import sysmount
+from guestfs.mountcmd import is_guestfs_mount
+
+
+def require_fuse() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting FUSE here needs root")
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("this kernel has no /dev/fuse")
+    if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
+        pytest.fail("fuse3/libfuse2 missing: .ci/setup installs them")
+
+
+def wait_for(pred, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def force_unmount(mp: str) -> None:
+    for _ in range(3):
+        if not (os.path.ismount(mp) or sysmount.is_stale_mount(mp)):
+            return
+        with contextlib.suppress(OSError):
+            sysmount.umount(mp, detach=True)
+
+
+@contextlib.contextmanager
+def mounted(mp: str, *args: str, log: str | None = None,
+            preexec: object = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``guestfs mount mp args`` until the block ends; SIGTERM, then forced cleanup."""
+    require_fuse()
+    with contextlib.suppress(FileExistsError):  # a stale mount point is not a dir to stat
+        os.makedirs(mp)
+    err = open(log, "wb") if log else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *args],
+                            stderr=err, preexec_fn=preexec)  # type: ignore[arg-type]
+    try:
+        if not wait_for(lambda: is_guestfs_mount(mp) or proc.poll() is not None):
+            raise AssertionError(f"guestfs mount {mp} did not come up")
+        assert proc.poll() is None, f"guestfs mount exited with {proc.returncode}"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        force_unmount(mp)
+        if log:
+            err.close()  # type: ignore[union-attr]
