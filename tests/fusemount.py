@@ -50,7 +50,8 @@ def mounted(mp: str, *args: str, log: str | None = None,
     require_fuse()
     with contextlib.suppress(FileExistsError):  # a stale mount point is not a dir to stat
         os.makedirs(mp)
-    err = open(log, "wb") if log else subprocess.DEVNULL
+    stack = contextlib.ExitStack()
+    err = stack.enter_context(open(log, "wb")) if log else subprocess.DEVNULL
     proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *args],
                             stderr=err, preexec_fn=preexec)  # type: ignore[arg-type]
     try:
@@ -67,5 +68,4 @@ def mounted(mp: str, *args: str, log: str | None = None,
                 proc.kill()
                 proc.wait()
         force_unmount(mp)
-        if log:
-            err.close()  # type: ignore[union-attr]
+        stack.close()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -56,11 +57,16 @@ def test_layout_types_and_content(mp, tmp_path):
         assert re.search(r"serving .* with (mfusepy|fusepy) [\d.]+ \(libfuse", log), log
 
 
+def touch(path: str, mode: str) -> None:
+    with open(path, mode):
+        pass
+
+
 def test_read_only(mp):
     with mounted(mp):
         f = f"{mp}/proc/meminfo"
-        for attempt in (lambda: open(f, "w"), lambda: open(f, "r+"),
-                        lambda: open(f"{mp}/proc/new", "w"), lambda: os.chmod(f, 0o666),
+        for attempt in (lambda: touch(f, "w"), lambda: touch(f, "r+"),
+                        lambda: touch(f"{mp}/proc/new", "w"), lambda: os.chmod(f, 0o666),
                         lambda: os.truncate(f, 0), lambda: os.mkdir(f"{mp}/proc/x"),
                         lambda: os.unlink(f), lambda: os.rename(f, f"{mp}/proc/y"),
                         lambda: os.utime(f, (0, 0))):
@@ -69,7 +75,7 @@ def test_read_only(mp):
             assert e.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
         assert not os.path.exists(f"{mp}/proc/new")
         with pytest.raises(FileNotFoundError):
-            open(f"{mp}/proc/nosuchfile")
+            touch(f"{mp}/proc/nosuchfile", "r")
 
 
 def test_an_open_file_is_one_rendering(mp):
@@ -78,7 +84,7 @@ def test_an_open_file_is_one_rendering(mp):
         fd = os.open(f"{mp}/proc/uptime", os.O_RDONLY)
         try:
             head = os.read(fd, 3)
-            opened_at = float(open("/proc/uptime").read().split()[0])
+            opened_at = float(Path("/proc/uptime").read_text().split()[0])
             time.sleep(1.2)
             rest = b""
             while chunk := os.read(fd, 4):
