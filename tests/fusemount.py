@@ -44,28 +44,26 @@ def force_unmount(mp: str) -> None:
 
 
 @contextlib.contextmanager
-def mounted(mp: str, *args: str, log: str | None = None,
-            preexec: object = None) -> Iterator[subprocess.Popen[bytes]]:
+def mounted(mp: str, *args: str, log: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """``guestfs mount mp args`` until the block ends; SIGTERM, then forced cleanup."""
     require_fuse()
     with contextlib.suppress(FileExistsError):  # a stale mount point is not a dir to stat
         os.makedirs(mp)
-    stack = contextlib.ExitStack()
-    err = stack.enter_context(open(log, "wb")) if log else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *args],
-                            stderr=err, preexec_fn=preexec)  # type: ignore[arg-type]
-    try:
-        if not wait_for(lambda: is_guestfs_mount(mp) or proc.poll() is not None):
-            raise AssertionError(f"guestfs mount {mp} did not come up")
-        assert proc.poll() is None, f"guestfs mount exited with {proc.returncode}"
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        force_unmount(mp)
-        stack.close()
+    with contextlib.ExitStack() as stack:
+        err = stack.enter_context(open(log, "wb")) if log else subprocess.DEVNULL
+        proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *args],
+                                stderr=err)
+        try:
+            if not wait_for(lambda: is_guestfs_mount(mp) or proc.poll() is not None):
+                raise AssertionError(f"guestfs mount {mp} did not come up")
+            assert proc.poll() is None, f"guestfs mount exited with {proc.returncode}"
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            force_unmount(mp)
