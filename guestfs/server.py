@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache, TTLCache
 
 from guestfs.explicit import ExplicitLimits
-from guestfs.hostroot import HostReadError, HostRoot
+from guestfs.hostroot import HostRoot
 from guestfs.limits import EffectiveLimits, effective_limits
 from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
@@ -97,9 +97,8 @@ class ViewServer:
             text = self.host.try_read_text(f"/proc/{cand}/cgroup")
             if text:
                 key = (text, cand)
-                if cand != "self":
-                    with self._lock:
-                        self._pid_keys[pid] = key
+                with self._lock:
+                    self._pid_keys[pid] = key
                 return key
         raise PidGone(f"no readable /proc/<pid>/cgroup for pid {pid} or the daemon")
 
@@ -156,9 +155,10 @@ class ViewServer:
                 with self._lock:
                     self._rendered[(key, path)] = data
             return data
-        except (HostReadError, PidGone, ValueError, OSError, LookupError) as e:
+        except Exception as e:  # noqa: BLE001 - a bad cgroup file must not kill the daemon
             self.errors += 1
-            log.warning("%s for pid %s: %s; serving the host's file", path, pid, e)
+            log.warning("%s for pid %s: %s: %s; serving the host's file", path, pid,
+                        type(e).__name__, e)
             return self.host.read_text(path).encode()
 
     # ------------------------------------------------------------ loadavg sampler

@@ -1,0 +1,97 @@
+"""ViewServer on fixture roots: views, fallbacks, caching and persistent state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from guestfs.explicit import ExplicitLimits
+from guestfs.hostroot import HostRoot
+from guestfs.server import ServerConfig, ViewServer
+from tests.conftest import fixture_root
+from tests.render_helpers import meminfo_kb
+
+
+@dataclass(frozen=True)
+class CountingHost(HostRoot):
+    reads: list[str] = field(default_factory=list)
+
+    def read_text(self, host_path: str) -> str:
+        self.reads.append(host_path)
+        return super().read_text(host_path)
+
+
+def server(root, **kw) -> tuple[ViewServer, CountingHost]:
+    host = CountingHost(str(root))
+    return ViewServer(host, ServerConfig(**kw)), host
+
+
+def test_a_cache_hit_reads_no_cgroup_file():
+    srv, host = server(fixture_root("k8s-systemd-v2-burstable"), cache_ttl=60)
+    first = srv.render("/proc/meminfo", 7)
+    assert any(p.startswith("/sys/fs/cgroup/") for p in host.reads)
+    host.reads.clear()
+    assert srv.render("/proc/meminfo", 7) == first
+    assert host.reads == []
+    # Another file of the same view reuses the view: only the host's own file is read.
+    srv.render("/proc/cpuinfo", 7)
+    assert host.reads == ["/proc/cpuinfo"]
+
+
+def test_an_exited_pid_falls_back_to_the_daemons_view():
+    srv, _ = server(fixture_root("k8s-systemd-v2-burstable"))
+    text = srv.render("/proc/meminfo", 4242).decode()  # no /proc/4242 in the fixture
+    assert meminfo_kb(text)["MemTotal"] == 524288
+    assert srv.errors == 0
+
+
+def test_views_caller_init_self_and_pinned(copy_fixture):
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    besteffort = ("/kubepods.slice/kubepods-burstable.slice/"
+                  "kubepods-burstable-poda5d4fbc7_30d6_43e8_8425_8ee6f401decc.slice")
+    # pid 7 sits in the pod slice itself (512Mi); pid 1 and the daemon in the root cgroup.
+    (root / "proc/7/cgroup").write_text(f"0::{besteffort}\n")
+    (root / "proc/1/cgroup").write_text("0::/\n")
+    (root / "proc/self/cgroup").write_text("0::/\n")
+    host_total = 8131768
+
+    def total(**kw) -> int:
+        srv, _ = server(root, **kw)
+        return meminfo_kb(srv.render("/proc/meminfo", 7).decode())["MemTotal"]
+
+    assert total(view="caller") == 524288
+    assert total(view="init") == host_total      # pid 7's namespace init is pid 1
+    assert total(view="self") == host_total
+    assert total(view="self", cgroup=besteffort) == 524288
+
+
+def test_bad_input_serves_the_host_file_and_the_daemon_lives(copy_fixture):
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    (root / "proc/self/mountinfo").write_text("garbage\n")
+    srv, _ = server(root)
+    # No cgroup mount is found: the host's meminfo, unchanged.
+    assert srv.render("/proc/meminfo", 7) == (root / "proc/meminfo").read_bytes()
+    meminfo = (root / "proc/meminfo").read_text()
+    (root / "proc/meminfo").write_text(meminfo.replace("MemTotal:", "MemTotal: x"))
+    srv2, _ = server(root, cache_ttl=0)
+    assert srv2.render("/proc/meminfo", 7).startswith(b"MemTotal: x")
+    assert srv2.errors == 1
+
+
+def test_stat_stays_monotonic_across_cache_expiry_and_usage_going_back(copy_fixture):
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    pod = next((root / "sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice").glob("*pod*"))
+    srv, _ = server(root, cache_ttl=0)
+    first = [int(x) for x in srv.render("/proc/stat", 7).split(b"\n")[0].split()[1:]]
+    # The cgroup is recreated (a new container, a limit change): its counter restarts.
+    (pod / "cpu.stat").write_text("usage_usec 10\nuser_usec 5\nsystem_usec 5\n")
+    second = [int(x) for x in srv.render("/proc/stat", 7).split(b"\n")[0].split()[1:]]
+    assert all(b >= a for a, b in zip(first, second, strict=True))
+
+
+def test_loadavg_state_is_sampled():
+    srv, _ = server(fixture_root("k8s-systemd-v2-burstable"), cache_ttl=0,
+                    explicit=ExplicitLimits())
+    assert srv.render("/proc/loadavg", 7).startswith(b"3.00 3.00 3.00 2/4 ")
+    for _ in range(12):     # one minute of 5 s samples at a constant 3 active threads
+        srv.sample_loads()
+    assert srv.render("/proc/loadavg", 7).startswith(b"3.00 3.00 3.00")
