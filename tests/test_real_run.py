@@ -1,0 +1,109 @@
+"""`guestfs run` inside real cgroups of this machine: what real tools report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.fusemount import force_unmount, require_fuse
+from tests.realcg import RealCgroup, v1_cgroup
+
+pytestmark = pytest.mark.real
+SEP = "----sep----"
+MiB = 1 << 20
+
+PSUTIL = ("import json, os, psutil; print(json.dumps({'total': psutil.virtual_memory().total, "
+          "'count': psutil.cpu_count(), 'os': os.cpu_count()}))")
+TOOLS = ["free -m", "free -b", "top -bn1 -1 -w 512 | head -5", "vmstat", "uptime",
+         "cat /sys/devices/system/cpu/online", "getconf _NPROCESSORS_ONLN",
+         f"{sys.executable} -c \"{PSUTIL}\""]
+
+
+def in_cgroup(cg: RealCgroup, argv: list[str], timeout: float = 120,
+              **kw: object) -> subprocess.CompletedProcess[str]:
+    """argv run from inside ``cg`` (it and everything it starts, the daemon included)."""
+    dirs = " ".join(cg.dirs.values())
+    shell = f'for d in {dirs}; do echo $$ > $d/cgroup.procs; done; exec "$@"'
+    return subprocess.run(["sh", "-c", shell, "_", *argv], capture_output=True, text=True,
+                          timeout=timeout, **kw)  # type: ignore[call-overload]
+
+
+def guestfs_run(cg: RealCgroup, mp: str, commands: list[str]) -> list[str]:
+    require_fuse()
+    script = "; ".join(f"{c}; echo {SEP}" for c in commands)
+    try:
+        out = in_cgroup(cg, [sys.executable, "-m", "guestfs", "run", "--mountpoint", mp, "--",
+                             "sh", "-c", script])
+    finally:
+        force_unmount(mp)
+    assert out.returncode == 0, out.stderr
+    parts = out.stdout.split(SEP + "\n")
+    assert len(parts) == len(commands) + 1, out.stdout
+    return parts[:-1]
+
+
+def field(text: str, label: str, index: int) -> str:
+    return next(ln.split() for ln in text.splitlines() if ln.startswith(label))[index]
+
+
+@pytest.mark.parametrize("cpus,n", [("0-1", 2), ("0", 1)])
+def test_tools_inside_a_512mib_150000_quota_cgroup(tmp_path, cpus, n):
+    with v1_cgroup(512 * MiB, 150000, 100000, cpus=cpus) as cg:
+        free_m, free_b, top, vmstat, uptime, online, getconf, ps = guestfs_run(
+            cg, str(tmp_path / "mnt"), TOOLS)
+    assert field(free_m, "Mem:", 1) == "512"
+    assert field(free_b, "Mem:", 1) == str(512 * MiB)
+    assert int(field(free_b, "Mem:", 3)) <= 512 * MiB
+    assert "MiB Mem :    512.0 total" in top
+    assert top.count("%Cpu") == n
+    assert int(vmstat.splitlines()[2].split()[3]) <= 512 * 1024  # free, kB
+    assert "load average:" in uptime
+    assert online.strip() == ("0" if n == 1 else f"0-{n - 1}")
+    assert getconf.strip() == str(n)
+    got = json.loads(ps)
+    assert got == {"total": 512 * MiB, "count": n, "os": n}
+
+
+def test_exit_code_and_signals_are_passed_through(tmp_path):
+    require_fuse()
+    mp = str(tmp_path / "mnt")
+    try:
+        out = subprocess.run([sys.executable, "-m", "guestfs", "run", "--mountpoint", mp, "--",
+                              "sh", "-c", "exit 7"], capture_output=True, timeout=60)
+        assert out.returncode == 7
+        proc = subprocess.Popen([sys.executable, "-m", "guestfs", "run", "--mountpoint", mp,
+                                 "--", "sh", "-c", "trap 'exit 42' TERM; sleep 30 & wait"])
+        time.sleep(3)
+        proc.terminate()  # to guestfs run, which forwards it to the command
+        assert proc.wait(30) == 42
+        assert not os.path.ismount(mp)  # the daemon run started is gone with it
+    finally:
+        force_unmount(mp)
+
+
+def test_a_busy_loop_shows_as_the_containers_usage(tmp_path):
+    """One busy CPU in a 2-CPU view reads ~50 %, while the host (busy on both CPUs
+    because of a second loop outside the cgroup) reads ~100 %."""
+    outside = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        measure = ("import subprocess, sys, psutil, time; "
+                   "b = subprocess.Popen([sys.executable, '-c', 'while True: pass']); "
+                   "time.sleep(1); psutil.cpu_percent(); time.sleep(3); "
+                   "print(psutil.cpu_percent()); b.kill()")
+        with v1_cgroup(512 * MiB, 150000, 100000, cpus="0-1") as cg:
+            psutil.cpu_percent()
+            (inside,) = guestfs_run(cg, str(tmp_path / "mnt"),
+                                    [f'{sys.executable} -c "{measure}"'])
+            host = psutil.cpu_percent()
+    finally:
+        outside.kill()
+        outside.wait()
+    inside_pct = float(inside)
+    assert 30 <= inside_pct <= 70, (inside_pct, host)
+    assert host >= inside_pct + 20, (inside_pct, host)
