@@ -3,6 +3,7 @@ re-limited and removed under them: no read error, no malformed file, no daemon e
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -92,17 +93,14 @@ def test_readers_while_cgroups_churn(tmp_path):
                             open(os.path.join(dirs["cpuset"], d), "w") as dst:
                         dst.write(src.read())
                 movers = [r.pid for r in readers[: 1 + rounds % READERS] if r.poll() is None]
-                for pid in movers:      # into the new cgroup...
-                    for d in dirs.values():
-                        with open(f"{d}/cgroup.procs", "w") as f:
-                            f.write(str(pid))
-                for pid in movers:      # ...and back out before it is removed
-                    for c, d in dirs.items():
-                        try:
-                            with open(f"{bases[c]}/cgroup.procs", "w") as f:
+                # Into the new cgroup, and back out before it is removed (a reader that
+                # finished meanwhile is simply gone).
+                for target in (dirs, bases):
+                    for pid in movers:
+                        for d in target.values():
+                            with contextlib.suppress(ProcessLookupError), \
+                                    open(f"{d}/cgroup.procs", "w") as f:
                                 f.write(str(pid))
-                        except ProcessLookupError:
-                            pass
                 for d in dirs.values():
                     rmdir_when_empty(d, readers)
                     made.remove(d)
