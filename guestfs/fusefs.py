@@ -36,6 +36,34 @@ def _tree() -> tuple[dict[str, list[str]], set[str]]:
     return dirs, set(SERVED_FILES)
 
 
+class OpenSnapshots:
+    """The rendering each open file handle was given, kept without a RELEASE callback.
+
+    mfusepy leaves callbacks we do not define to libfuse's C defaults, and a Python
+    release() costs every open/read/close about 100 us here (it runs while the reader's
+    next open waits for the GIL). So renderings are dropped oldest first once they pass
+    ``max_bytes``: a handle held open across that many bytes of newer renderings gets a
+    fresh rendering at its next read.
+    """
+
+    def __init__(self, max_bytes: int = 32 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._data: dict[int, bytes] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, fh: int) -> bytes | None:
+        return self._data.get(fh)
+
+    def put(self, fh: int, data: bytes) -> None:
+        with self._lock:
+            old = self._data.pop(fh, None)
+            self._bytes += len(data) - (len(old) if old is not None else 0)
+            self._data[fh] = data
+            while self._bytes > self.max_bytes and len(self._data) > 1:
+                self._bytes -= len(self._data.pop(next(iter(self._data))))
+
+
 def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
     """An Operations instance for the binding module ``fuse`` (fusepy or mfusepy)."""
     dirs, files = _tree()
@@ -46,9 +74,8 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
         use_ns = True
 
         def __init__(self) -> None:
-            self._handles: dict[int, bytes | None] = {}
-            self._next = itertools.count(1)
-            self._lock = threading.Lock()
+            self._snapshots = OpenSnapshots()
+            self._next = itertools.count(1)  # next() on a count is atomic in CPython
 
         def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
             t = int(started * 1e9)
@@ -80,24 +107,18 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
             # direct_io: every read reaches us, so a size of 0 neither truncates nor
             # empties the file, and nothing stale is served from the page cache.
             fi.direct_io = 1
-            with self._lock:
-                fi.fh = next(self._next)
-                self._handles[fi.fh] = None
+            fi.fh = next(self._next)
             return 0
 
         def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
             # One rendering per open, made at offset 0: later offsets of the same open
             # come from it, so a reader never sees a file torn between two renderings.
-            data = self._handles.get(fi.fh)
-            if data is None or offset == 0:
+            fh = fi.fh
+            data = None if offset == 0 else self._snapshots.get(fh)
+            if data is None:
                 data = server.render(path, fuse.fuse_get_context()[2])
-                self._handles[fi.fh] = data
+                self._snapshots.put(fh, data)
             return data[offset:offset + size]
-
-        def release(self, path: str, fi: Any) -> int:
-            with self._lock:
-                self._handles.pop(fi.fh, None)
-            return 0
 
         def statfs(self, path: str) -> dict[str, int]:
             return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
@@ -115,5 +136,12 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
 
         write = create = mkdir = rmdir = unlink = rename = link = symlink = mknod = _refuse
         chmod = chown = truncate = utimens = setxattr = removexattr = _refuse
+
+        # Left out of the FUSE callback table (the bindings skip None): without a flush
+        # handler the kernel learns ENOSYS once and stops sending FLUSH on every close,
+        # which saves a full round trip per open/read/close.
+        # No release either (see OpenSnapshots).
+        flush = fsync = fsyncdir = opendir = releasedir = getxattr = listxattr = None
+        readlink = lock = bmap = ioctl = release = None
 
     return GuestFS()

@@ -33,6 +33,7 @@ DEFAULT_CACHE_TTL = 0.5
 # CPU ticks by its deltas.
 UNCACHED = frozenset({"/proc/uptime"})
 PINNED = "cgroup:"
+FAST_ENTRIES = 16384
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class ViewServer:
         self._views: TTLCache[str, _View] = TTLCache(1024, ttl)
         self._rendered: TTLCache[tuple[str, str], bytes] = TTLCache(8192, ttl)
         self._entries: LRUCache[str, _Entry] = LRUCache(1024)
+        # The hot path: (pid, path) -> (deadline, bytes), a plain dict read without a lock.
+        self._fast: dict[tuple[int, str], tuple[float, bytes]] = {}
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self.errors = 0
@@ -134,6 +137,17 @@ class ViewServer:
     def render(self, path: str, pid: int) -> bytes:
         """The bytes served at ``path`` to ``pid``; never raises for bad cgroup input: it
         falls back to the host's file and logs why."""
+        hit = self._fast.get((pid, path))
+        if hit is not None and time.monotonic() < hit[0]:
+            return hit[1]
+        data = self._render(path, pid)
+        if path not in UNCACHED and self.config.cache_ttl > 0:
+            if len(self._fast) > FAST_ENTRIES:
+                self._fast.clear()
+            self._fast[(pid, path)] = (time.monotonic() + self.config.cache_ttl, data)
+        return data
+
+    def _render(self, path: str, pid: int) -> bytes:
         try:
             key, used = self.key_for(pid)
             if path not in UNCACHED:

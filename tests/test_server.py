@@ -95,3 +95,18 @@ def test_loadavg_state_is_sampled():
     for _ in range(12):     # one minute of 5 s samples at a constant 3 active threads
         srv.sample_loads()
     assert srv.render("/proc/loadavg", 7).startswith(b"3.00 3.00 3.00")
+
+
+def test_open_snapshots_are_bounded_oldest_first():
+    from guestfs.fusefs import OpenSnapshots
+
+    snaps = OpenSnapshots(max_bytes=10)
+    snaps.put(1, b"aaaa")
+    snaps.put(2, b"bbbb")
+    assert snaps.get(1) == b"aaaa"
+    snaps.put(3, b"cccc")          # 12 bytes > 10: handle 1, the oldest, goes
+    assert snaps.get(1) is None and snaps.get(2) == b"bbbb" and snaps.get(3) == b"cccc"
+    snaps.put(2, b"b")             # re-rendered at offset 0: replaced, not added
+    assert snaps.get(2) == b"b"
+    snaps.put(4, b"x" * 50)        # a single large rendering is kept whole
+    assert snaps.get(4) == b"x" * 50 and snaps.get(2) is None
