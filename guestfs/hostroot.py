@@ -41,6 +41,20 @@ class HostRoot:
         except HostReadError:
             return None
 
+    def try_read_small(self, host_path: str) -> str | None:
+        """Like try_read_text for a small file (one read of at most 64 KiB), without the
+        text-file machinery: /proc/<pid>/cgroup on every new reader's first read."""
+        try:
+            fd = os.open(self.path(host_path), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, 65536).decode("utf-8", "replace")
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
     def isdir(self, host_path: str) -> bool:
         return os.path.isdir(self.path(host_path))
 

@@ -97,7 +97,7 @@ class ViewServer:
         if hit is not None:
             return hit
         for cand in self._candidates(pid):
-            text = self.host.try_read_text(f"/proc/{cand}/cgroup")
+            text = self.host.try_read_small(f"/proc/{cand}/cgroup")
             if text:
                 key = (text, cand)
                 with self._lock:

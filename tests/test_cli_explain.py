@@ -73,3 +73,20 @@ def test_errors_are_one_line_with_exit_status(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["explain", "--cpu-rounding", "sideways"])
     assert e.value.code == 2
+
+
+def test_show_and_explain_work_without_any_fuse_binding():
+    """Only `guestfs mount` loads a FUSE binding: show and explain run where libfuse and
+    fusepy/mfusepy are absent (a debugging shell in a minimal container)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['fuse'] = None; sys.modules['mfusepy'] = None\n"
+            "from guestfs.cli import main\n"
+            f"root = {str(fixture_root('docker-v1'))!r}\n"
+            "assert main(['show', '/proc/meminfo', '--root', root]) == 0\n"
+            "assert main(['explain', '--root', root]) == 0\n"
+            "assert 'fuse' not in sys.modules or sys.modules['fuse'] is None\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("MemTotal:         524288 kB\n")
