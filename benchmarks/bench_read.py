@@ -75,7 +75,7 @@ def free_rate(meminfo: str | None, n: int) -> float:
         out = subprocess.run(loop, check=True, capture_output=True, text=True)
     else:
         out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                              f'mount --bind "$0" /proc/meminfo && exec "$@"', meminfo,
+                              'mount --bind "$0" /proc/meminfo && exec "$@"', meminfo,
                               *loop], check=True, capture_output=True, text=True)
     return float(out.stdout)
 

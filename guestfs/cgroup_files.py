@@ -14,17 +14,9 @@ V1_UNLIMITED = 9223372036854771712
 
 def parse_limit_bytes(text: str) -> int | None:
     """``memory.max`` / ``memory.swap.max`` / ``memory.limit_in_bytes``: bytes, None for ``max``."""
-    value = text.strip()
-    if value == "max":
-        return None
-    if not value:
-        raise ValueError("empty file")
-    n = int(value)
-    if n < 0:
-        # v1 accepts writing -1 and reports it back as the unlimited value; a negative
-        # number read back means a corrupt file, not a limit.
-        raise ValueError(f"negative value {n}")
-    return n
+    # v1 accepts writing -1 and reports it back as the unlimited value; a negative number
+    # read back means a corrupt file, not a limit (parse_counter rejects it).
+    return None if text.strip() == "max" else parse_counter(text)
 
 
 def parse_counter(text: str) -> int:

@@ -78,6 +78,31 @@ def _level_source(level: Level, name: str, note: str | None = None) -> Source:
 
 # ---------------------------------------------------------------- memory
 
+def _byte_limit_candidates(h: Hierarchy, name: str, unlimited_at: int | None,
+                           unlimited_note: str, w: _Warnings,
+                           missing_note: str | None = None) -> list[Candidate[int]]:
+    """One candidate per level from a bytes limit file (``max`` = no limit). A value at or
+    above ``unlimited_at`` is no limit either. A missing file is a no-limit candidate with
+    ``missing_note``, or skipped without one; an unparseable one is skipped with a warning."""
+    out: list[Candidate[int]] = []
+    for level in h.levels:
+        text = level.files.get(name)
+        if text is None:
+            if missing_note is not None:
+                out.append(Candidate(None, _level_source(level, name, missing_note)))
+            continue
+        try:
+            value = parse_limit_bytes(text)
+        except ValueError as e:
+            w.bad_file(level, name, e)
+            continue
+        note = None
+        if value is not None and unlimited_at is not None and value >= unlimited_at:
+            value, note = None, unlimited_note
+        out.append(Candidate(value, _level_source(level, name, note)))
+    return out
+
+
 def _memory_candidates(h: Hierarchy, host_total: int, w: _Warnings) -> list[Candidate[int]]:
     name = "memory.max" if h.version == 2 else "memory.limit_in_bytes"
     out: list[Candidate[int]] = []
@@ -91,20 +116,8 @@ def _memory_candidates(h: Hierarchy, host_total: int, w: _Warnings) -> list[Cand
             out.append(Candidate(value, Source(
                 CGROUP_HIERARCHICAL, h.leaf.file_path("memory.stat"), h.leaf.cgroup,
                 "hierarchical_memory_limit")))
-    for level in h.levels:
-        text = level.files.get(name)
-        if text is None:
-            out.append(Candidate(None, _level_source(level, name, "missing: no limit here")))
-            continue
-        try:
-            value = parse_limit_bytes(text)
-        except ValueError as e:
-            w.bad_file(level, name, e)
-            continue
-        note = None
-        if value is not None and value >= host_total:
-            value, note = None, "at/above host RAM: no limit"
-        out.append(Candidate(value, _level_source(level, name, note)))
+    out += _byte_limit_candidates(h, name, host_total, "at/above host RAM: no limit", w,
+                                  missing_note="missing: no limit here")
     return out
 
 
@@ -177,19 +190,8 @@ def _resolve_swap(snap: Snapshot, memory: Resolved[int], w: _Warnings
         limit_name, usage_name = "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes"
     if h.leaf is None or h.leaf.files.get(usage_name) is None:
         return Resolved(0, none, True), zero_usage
-    cands: list[Candidate[int]] = []
-    for level in h.levels:
-        text = level.files.get(limit_name)
-        if text is None:
-            continue
-        try:
-            value = parse_limit_bytes(text)
-        except ValueError as e:
-            w.bad_file(level, limit_name, e)
-            continue
-        if h.version == 1 and value is not None and value >= V1_UNLIMITED:
-            value = None
-        cands.append(Candidate(value, _level_source(level, limit_name)))
+    cands = _byte_limit_candidates(h, limit_name, V1_UNLIMITED if h.version == 1 else None,
+                                   "v1's unlimited value", w)
     best = pick_min(cands)
     host_src = Source(HOST, "/proc/meminfo", note="SwapTotal")
     if best is None:

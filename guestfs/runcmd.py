@@ -34,11 +34,12 @@ def start_daemon(mp: str, mount_args: list[str]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def stop_daemon(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
+    """SIGTERM (a guestfs daemon unmounts on it), then SIGKILL after ``timeout``."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(10)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -79,4 +80,4 @@ def run(mp: str, cmd: list[str], mount_args: list[str]) -> int:
         return 128 - rc if rc < 0 else rc
     finally:
         if daemon is not None:
-            stop_daemon(daemon)
+            stop_process(daemon)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from guestfs import sysmount
 from guestfs.mountcmd import is_guestfs_mount
+from guestfs.runcmd import stop_process
 
 
 def require_fuse() -> None:
@@ -59,11 +59,5 @@ def mounted(mp: str, *args: str, log: str | None = None) -> Iterator[subprocess.
             assert proc.poll() is None, f"guestfs mount exited with {proc.returncode}"
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc)
             force_unmount(mp)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
+from guestfs.runcmd import stop_process
 from tests.fusemount import force_unmount, require_fuse, wait_for
 
 
@@ -30,13 +30,7 @@ def lxcfs_mounted(mp: str, pidfile: str) -> Iterator[subprocess.Popen[bytes]]:
         assert proc.poll() is None, f"lxcfs exited with {proc.returncode}"
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         force_unmount(mp)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(pidfile)
