@@ -1,0 +1,223 @@
+"""cgroup v2 tests that run *inside* the test VM (tests/test_vm_v2.py boots it and reports
+each of these as its own result). Not collected on the host: the name has no test_ prefix.
+
+The guest: Debian's 6.1 kernel, pure cgroup v2 with cpuset cpu io memory pids enabled at
+the root, 4 CPUs, 128 MiB of swap on a RAM disk, the host's root read-only. Python starts
+slowly under software emulation (~3 s), so one guestfs daemon and one LXCFS serve every
+test and the readers are plain `cat` processes placed in the cgroups under test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from guestfs.hostroot import HostRoot
+from guestfs.limits import effective_limits
+from guestfs.snapshot import read_snapshot
+from tests.fusemount import mounted
+from tests.lxcfsd import lxcfs_mounted
+from tests.render_helpers import meminfo_kb
+
+CG = "/sys/fs/cgroup"
+GFS, LXCFS = "/run/gfs", "/run/lxcfs"
+RECORDS = "/mnt/records.jsonl"
+POD_UID = "a5d4fbc7_30d6_43e8_8425_8ee6f401decc"
+CID = "a991eb3b64a228cb0b269925127c28cb39d482d27c6248540e0e3b41633a907e"
+POD = (f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_UID}.slice")
+SCOPE = f"{POD}/cri-containerd-{CID}.scope"
+CONTROLLERS = "+cpuset +cpu +io +memory +pids"
+
+
+def record(test: str, **values: object) -> None:
+    with open(RECORDS, "a") as f:
+        f.write(json.dumps({"test": test, **values}) + "\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def daemons() -> Iterator[None]:
+    if not os.path.exists(f"{CG}/cgroup.subtree_control"):
+        pytest.fail("not a cgroup v2 guest: run through tests/test_vm_v2.py")
+    with mounted(GFS, "--cache-ttl", "0.2"), lxcfs_mounted(LXCFS, "/run/lxcfs.pid"):
+        yield
+
+
+@contextlib.contextmanager
+def cgroup_tree(path: str, files: dict[str, dict[str, str]]) -> Iterator[str]:
+    """Create CG/path level by level, enabling controllers for the children, write
+    ``files`` ({relative level: {name: value}}); remove it all afterwards."""
+    parts = path.split("/")
+    made: list[str] = []
+    try:
+        for i in range(len(parts)):
+            d = os.path.join(CG, *parts[: i + 1])
+            if not os.path.isdir(d):
+                os.mkdir(d)
+                made.append(d)
+            if i < len(parts) - 1:
+                with open(f"{d}/cgroup.subtree_control", "w") as f:
+                    f.write(CONTROLLERS)
+        for rel, values in files.items():
+            for name, value in values.items():
+                with open(os.path.join(CG, rel, name), "w") as f:
+                    f.write(value)
+        yield os.path.join(CG, path)
+    finally:
+        for d in reversed(made):
+            kill_all(d)
+            for _ in range(100):
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def kill_all(d: str) -> None:
+    with contextlib.suppress(OSError), open(f"{d}/cgroup.kill", "w") as f:
+        f.write("1")
+
+
+def run_in(cg_dir: str, *argv: str, env: dict[str, str] | None = None) -> str:
+    shell = f'echo $$ > {cg_dir}/cgroup.procs && exec "$@"'
+    out = subprocess.run(["sh", "-c", shell, "_", *argv], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def view(cg_dir: str, root: str) -> tuple[dict[str, int], int, str]:
+    """(meminfo, processors in cpuinfo, cpu online) read by a process in ``cg_dir``."""
+    mem = run_in(cg_dir, "cat", f"{root}/proc/meminfo")
+    cpus = run_in(cg_dir, "cat", f"{root}/proc/cpuinfo").count("processor\t:")
+    online = run_in(cg_dir, "cat", f"{root}/sys/devices/system/cpu/online").strip()
+    return meminfo_kb(mem), cpus, online
+
+
+def test_seed_000_pod_slice_limit_reaches_the_scope():
+    files = {POD: {"memory.max": "536870912", "cpu.max": "100000 100000"}}
+    with cgroup_tree(SCOPE, files) as scope:
+        with open(f"{scope}/memory.max") as f:
+            assert f.read().strip() == "max"
+        sleeper = subprocess.Popen(["sh", "-c", f"echo $$ > {scope}/cgroup.procs; exec sleep 60"])
+        try:
+            time.sleep(0.3)
+            lim = effective_limits(read_snapshot(HostRoot("/"), str(sleeper.pid)))
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        assert lim.memory.value == 536870912
+        assert lim.memory.source.file == f"{CG}/{POD}/memory.max"
+        assert lim.cpu_count.value == 1
+        mem, cpus, online = view(scope, GFS)
+        lx_mem, lx_cpus, lx_online = view(scope, LXCFS)
+    record("seed_000", guestfs={"MemTotal": mem["MemTotal"], "cpus": cpus, "online": online},
+           lxcfs={"MemTotal": lx_mem["MemTotal"], "cpus": lx_cpus, "online": lx_online})
+    assert mem["MemTotal"] == 524288 and cpus == 1 and online == "0"
+
+
+def test_quota_inherited_from_the_parent():
+    parent = "guestfs-quota.slice"
+    with cgroup_tree(f"{parent}/leaf.scope", {parent: {"cpu.max": "50000 100000"}}) as leaf:
+        with open(f"{leaf}/cpu.max") as f:
+            assert f.read().split()[0] == "max"
+        _, cpus, online = view(leaf, GFS)
+        _, lx_cpus, lx_online = view(leaf, LXCFS)
+    record("quota_inherited", guestfs={"cpus": cpus, "online": online},
+           lxcfs={"cpus": lx_cpus, "online": lx_online})
+    # LXCFS 5.0.3 reads cpu.max at the leaf only and shows every CPU here.
+    assert cpus == 1 and online == "0"
+
+
+def test_cpuset_0_1_under_a_4_cpu_quota():
+    files = {"guestfs-cpuset.slice": {"cpuset.cpus": "0-1", "cpu.max": "400000 100000"}}
+    with cgroup_tree("guestfs-cpuset.slice", files) as d:
+        _, cpus, online = view(d, GFS)
+        _, lx_cpus, lx_online = view(d, LXCFS)
+    record("cpuset_0_1_quota_4", guestfs={"cpus": cpus, "online": online},
+           lxcfs={"cpus": lx_cpus, "online": lx_online})
+    assert os.cpu_count() == 4
+    assert cpus == 2 and online == "0-1"
+
+
+def test_swap_limit_is_memory_swap_max():
+    with open("/proc/swaps") as f:
+        assert len(f.read().splitlines()) == 2, "the guest's RAM-disk swap is missing"
+    files = {POD: {"memory.max": "536870912", "memory.swap.max": "67108864"}}
+    with cgroup_tree(SCOPE, files) as scope:
+        mem, _, _ = view(scope, GFS)
+        swaps = run_in(scope, "cat", f"{GFS}/proc/swaps")
+        lx_mem, _, _ = view(scope, LXCFS)
+    record("swap_max_64MiB", guestfs={"SwapTotal": mem["SwapTotal"]},
+           lxcfs={"SwapTotal": lx_mem["SwapTotal"]})
+    assert mem["SwapTotal"] == 65536 and 0 <= mem["SwapFree"] <= 65536
+    assert int(swaps.splitlines()[1].split()[2]) == 65536
+
+
+def test_cgroup_namespace_hides_the_parent_and_the_env_restores_it():
+    files = {"guestfs-ns.slice": {"memory.max": "536870912"}}
+    with cgroup_tree("guestfs-ns.slice/app.scope", files) as leaf:
+        # A fresh cgroup2 mount inside the new cgroup namespace shows it as the root, as a
+        # container runtime sets it up; the old mount must go first (same superblock).
+        inner = ("umount -l /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup && "
+                 f"{sys.executable} -m guestfs explain --json && echo ==== && "
+                 f"GUESTFS_MEMORY_LIMIT=512Mi {sys.executable} -m guestfs show /proc/meminfo")
+        out = run_in(leaf, "unshare", "--cgroup", "--mount", "sh", "-c", inner)
+    explained, meminfo = out.split("====\n")
+    got = json.loads(explained)
+    assert got["memory"]["limited"] is False
+    assert any("not the host's root" in w for w in got["warnings"]), got["warnings"]
+    assert meminfo_kb(meminfo)["MemTotal"] == 524288
+
+
+def test_busy_loop_moves_container_cpu_time_by_cpu_stat():
+    files = {"guestfs-busy.slice": {"cpu.max": "200000 100000"}}
+    with cgroup_tree("guestfs-busy.slice", files) as d:
+        def stat_busy() -> int:
+            first = run_in(d, "cat", f"{GFS}/proc/stat").splitlines()[0].split()
+            return int(first[1]) + int(first[3])
+
+        def usage_ticks() -> int:
+            with open(f"{d}/cpu.stat") as f:
+                st = dict(line.split() for line in f)
+            return int(st["user_usec"]) // 10_000 + int(st["system_usec"]) // 10_000
+
+        busy0, use0 = stat_busy(), usage_ticks()
+        loop = subprocess.Popen(["sh", "-c", f"echo $$ > {d}/cgroup.procs; "
+                                             "exec sh -c 'while :; do :; done'"])
+        seen = [busy0]
+        try:
+            for _ in range(6):
+                time.sleep(0.5)
+                seen.append(stat_busy())
+        finally:
+            loop.kill()
+            loop.wait()
+        time.sleep(0.5)
+        busy1, use1 = stat_busy(), usage_ticks()
+    record("busy_loop", stat_delta_ticks=busy1 - busy0, cpu_stat_delta_ticks=use1 - use0)
+    assert seen == sorted(seen) and busy1 >= seen[-1]
+    assert use1 - use0 > 50
+    assert abs((busy1 - busy0) - (use1 - use0)) <= 0.25 * (use1 - use0) + 5
+
+
+def test_tools_inside_guestfs_run_in_the_scope():
+    files = {POD: {"memory.max": "536870912", "cpu.max": "100000 100000"}}
+    py = "import os; print(os.cpu_count())"
+    script = f"free -m; echo ====; top -bn1 -1 -w 512 | head -5; echo ====; {sys.executable} -c '{py}'"
+    with cgroup_tree(SCOPE, files) as scope:
+        out = run_in(scope, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                     "/run/gfs-run", "--", "sh", "-c", script)
+    free, top, count = out.split("====\n")
+    assert next(ln.split() for ln in free.splitlines() if ln.startswith("Mem:"))[1] == "512"
+    assert "MiB Mem :    512.0 total" in top and top.count("%Cpu") == 1
+    assert count.strip() == "1"
+    assert shutil.which("free")
