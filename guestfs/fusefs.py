@@ -76,6 +76,11 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
         def __init__(self) -> None:
             self._snapshots = OpenSnapshots()
             self._next = itertools.count(1)  # next() on a count is atomic in CPython
+            # Sized mode, for FUSE implementations that stop reading at st_size even with
+            # direct_io (gVisor): getattr renders the file for the asking pid and reports
+            # its length; that same rendering is what the next open of it serves.
+            self.sized = False
+            self._sized: dict[tuple[int, str], bytes] = {}
 
         def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
             t = int(started * 1e9)
@@ -83,8 +88,14 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
                 return {"st_mode": DIR_MODE, "st_nlink": 2, "st_mtime": t, "st_ctime": t,
                         "st_atime": t}
             if path in files:
-                # procfs reports size 0 and sysfs 4096; direct_io makes reads ignore it.
-                size = 4096 if path.startswith("/sys/") else 0
+                if self.sized:
+                    pid = fuse.fuse_get_context()[2]
+                    data = server.render(path, pid)
+                    self._sized[(pid, path)] = data
+                    size = len(data)
+                else:
+                    # procfs reports size 0 and sysfs 4096; direct_io makes reads ignore it.
+                    size = 4096 if path.startswith("/sys/") else 0
                 return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": size,
                         "st_mtime": t, "st_ctime": t, "st_atime": t}
             raise fuse.FuseOSError(errno.ENOENT)
@@ -108,13 +119,17 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
             # empties the file, and nothing stale is served from the page cache.
             fi.direct_io = 1
             fi.fh = next(self._next)
+            if self.sized:
+                data = self._sized.pop((fuse.fuse_get_context()[2], path), None)
+                if data is not None:
+                    self._snapshots.put(fi.fh, data)
             return 0
 
         def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
             # One rendering per open, made at offset 0: later offsets of the same open
             # come from it, so a reader never sees a file torn between two renderings.
             fh = fi.fh
-            data = None if offset == 0 else self._snapshots.get(fh)
+            data = None if offset == 0 and not self.sized else self._snapshots.get(fh)
             if data is None:
                 data = server.render(path, fuse.fuse_get_context()[2])
                 self._snapshots.put(fh, data)

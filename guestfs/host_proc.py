@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from guestfs.cgroup_files import parse_cpu_list
 from guestfs.hostroot import HostRoot
@@ -30,6 +32,7 @@ class HostInfo:
     mem_total: int        # bytes
     swap_total: int       # bytes
     online_cpus: tuple[int, ...]
+    meminfo: Mapping[str, int] = field(default_factory=dict)  # kB, as /proc/meminfo says
 
 
 class HostInfoError(RuntimeError):
@@ -61,4 +64,5 @@ def read_host_info(host: HostRoot) -> HostInfo:
         mem_total=meminfo["MemTotal"] * 1024,
         swap_total=meminfo.get("SwapTotal", 0) * 1024,
         online_cpus=online,
+        meminfo=MappingProxyType(meminfo),
     )

@@ -136,6 +136,24 @@ def _read_usage(h: Hierarchy, level: Level, w: _Warnings) -> MemoryUsage | None:
     return MemoryUsage(usage, MappingProxyType(stat), _level_source(level, name))
 
 
+# memory.stat (v2 names) from the host's own meminfo lines.
+_HOST_STAT_LINES = {"file": "Cached", "active_file": "Active(file)",
+                    "inactive_file": "Inactive(file)", "active_anon": "Active(anon)",
+                    "inactive_anon": "Inactive(anon)", "anon": "AnonPages", "shmem": "Shmem",
+                    "file_mapped": "Mapped", "slab_reclaimable": "SReclaimable"}
+
+
+def _host_usage(snap: Snapshot) -> MemoryUsage | None:
+    """With no memory cgroup in sight (gVisor's sandbox, a host without the controller),
+    the best usage there is: the (sandbox's) own meminfo."""
+    mi = snap.host.meminfo
+    if "MemTotal" not in mi or "MemFree" not in mi:
+        return None
+    stat = {k: mi[line] * 1024 for k, line in _HOST_STAT_LINES.items() if line in mi}
+    return MemoryUsage((mi["MemTotal"] - mi["MemFree"]) * 1024, MappingProxyType(stat),
+                       Source(HOST, "/proc/meminfo", note="MemTotal - MemFree: no memory cgroup"))
+
+
 def _level_of(h: Hierarchy, source: Source) -> Level | None:
     if source.kind != CGROUP:
         return None
@@ -165,7 +183,7 @@ def _resolve_memory(snap: Snapshot, explicit: ExplicitLimits, w: _Warnings
             resolved = Resolved(host_total, host_src, False, tuple(cands))
         else:
             resolved = Resolved(value, cands[best].source, True, tuple(cands))
-    leaf_usage = _read_usage(h, h.leaf, w) if h.leaf is not None else None
+    leaf_usage = _read_usage(h, h.leaf, w) if h.leaf is not None else _host_usage(snap)
     level = _level_of(h, resolved.source)
     usage = leaf_usage
     if level is not None and level is not h.leaf:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from guestfs.view import SERVED_FILES
 log = logging.getLogger("guestfs.mount")
 FSNAME = "guestfs"
 ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
+PROBE_FILE = "/sys/devices/system/cpu/online"  # served with a sysfs-style size of 4096
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
 
 
@@ -51,11 +53,47 @@ def is_guestfs_mount(path: str) -> bool:
             for line in f:
                 fields = line.split()
                 sep = fields.index("-")
-                if fields[4] == path and fields[sep + 1] == f"fuse.{FSNAME}":
+                if fields[4] != path:
+                    continue
+                if fields[sep + 1] == f"fuse.{FSNAME}":
                     return not sysmount.is_stale_mount(path)
+                if fields[sep + 1] == "fuse":
+                    # gVisor shows neither the subtype nor the fsname: look at the layout.
+                    return _serves(path)
     except (OSError, ValueError):
         return False
     return False
+
+
+def _serves(mp: str) -> bool:
+    """``mp`` answers with guestfs's layout (its sysfs-style file has a non-zero size)."""
+    try:
+        with open(f"{mp}{PROBE_FILE}", "rb") as f:
+            return bool(f.read())
+    except OSError:
+        return False
+
+
+def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
+    """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
+    procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
+    switch the operations to reporting real sizes."""
+    deadline = time.monotonic() + timeout
+    while not _serves(mp):
+        if time.monotonic() > deadline:
+            log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
+            return
+        time.sleep(0.05)
+    try:
+        with open(f"{mp}/proc/uptime", "rb") as f:
+            empty = not f.read()
+    except OSError as e:
+        log.warning("size probe failed: %s", e)
+        return
+    if empty:
+        ops.sized = True  # type: ignore[attr-defined]
+        log.warning("this FUSE client stops reading at the file size even with direct_io "
+                    "(gVisor does): reporting each file's rendered size from now on")
 
 
 def prepare_mountpoint(mp: str) -> None:
@@ -122,8 +160,11 @@ def serve(opts: MountOptions) -> int:
               "default_permissions": True}
     if opts.allow_other:
         kwargs["allow_other"] = True
+    ops = make_operations(binding.module, server)
+    threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
+                     daemon=True).start()
     try:
-        binding.module.FUSE(make_operations(binding.module, server), mp, raw_fi=True, **kwargs)
+        binding.module.FUSE(ops, mp, raw_fi=True, **kwargs)
     except RuntimeError as e:
         # libfuse3's fuse_main returns 8 when a signal ended the loop: a clean stop.
         if e.args != (LIBFUSE3_STOPPED_BY_SIGNAL,):

@@ -6,9 +6,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 
 from guestfs import sysmount
 from guestfs.mountcmd import is_guestfs_mount, wait_mounted
@@ -50,6 +54,82 @@ def binds_for(mp: str) -> list[tuple[str, str]]:
     return [(mp + f, f) for f in SERVED_FILES if os.path.exists(f)]
 
 
+def wait_serving(path: str, timeout: float = 30.0) -> None:
+    """Until a read of ``path`` returns data: a daemon that found a FUSE client which stops
+    at st_size (gVisor) reports sizes only once its probe has run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            if f.read():
+                return
+        time.sleep(0.05)
+    raise RunError(f"{path} reads empty after {timeout:g}s")
+
+
+def rereads_after_lseek(path: str) -> bool:
+    """Whether an open FUSE file can be read again after lseek(0), as procps does on every
+    sample. gVisor's FUSE client (runsc 20221219) answers EOF without asking the server."""
+    with open(path, "rb", buffering=0) as f:
+        first = f.read()
+        f.seek(0)
+        again = f.read()
+    return bool(first) and bool(again)
+
+
+def pread_all(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks, offset = [], 0
+        while chunk := os.pread(fd, 1 << 16, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class Materialized:
+    """The served files as regular files in a private directory, refreshed in place every
+    ``interval`` seconds from the mount (with pread, which such clients do forward). For
+    FUSE clients whose open files cannot be re-read; in place, because a bind mount pins
+    the inode. Readers see the view of the `guestfs run` process itself."""
+
+    def __init__(self, binds: list[tuple[str, str]], interval: float = 1.0) -> None:
+        self.dir = tempfile.mkdtemp(prefix="guestfs-run-")
+        self.sources = {guest: src for src, guest in binds}
+        self.binds = [(os.path.join(self.dir, guest.strip("/").replace("/", "_")), guest)
+                      for _src, guest in binds]
+        self.interval = interval
+        self._stop = threading.Event()
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="guestfs-refresh",
+                                        daemon=True)
+        self._thread.start()
+
+    def refresh(self) -> None:
+        for dst, guest in self.binds:
+            try:
+                data = pread_all(self.sources[guest])
+            except OSError as e:
+                log.warning("refreshing %s: %s", guest, e)
+                continue
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+            try:
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+            finally:
+                os.close(fd)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.refresh()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def _child(binds: list[tuple[str, str]], cmd: list[str]) -> None:
     try:
         sysmount.unshare_mount_namespace()
@@ -66,8 +146,15 @@ def run(mp: str, cmd: list[str], mount_args: list[str]) -> int:
     daemon = None
     if not is_guestfs_mount(mp):
         daemon = start_daemon(mp, mount_args)
+    materialized = None
     try:
         binds = binds_for(mp)
+        wait_serving(mp + "/proc/meminfo")
+        if not rereads_after_lseek(mp + "/proc/meminfo"):
+            log.warning("open files on %s cannot be re-read after lseek (gVisor's FUSE "
+                        "client): binding regular copies refreshed every second", mp)
+            materialized = Materialized(binds)
+            binds = materialized.binds
         pid = os.fork()
         if pid == 0:
             _child(binds, cmd)
@@ -79,5 +166,7 @@ def run(mp: str, cmd: list[str], mount_args: list[str]) -> int:
         rc = os.waitstatus_to_exitcode(status)
         return 128 - rc if rc < 0 else rc
     finally:
+        if materialized is not None:
+            materialized.close()
         if daemon is not None:
             stop_process(daemon)

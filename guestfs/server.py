@@ -98,7 +98,8 @@ class ViewServer:
             return hit
         for cand in self._candidates(pid):
             text = self.host.try_read_small(f"/proc/{cand}/cgroup")
-            if text:
+            # Empty is an answer, not an absence: inside gVisor no cgroup is visible.
+            if text is not None:
                 key = (text, cand)
                 with self._lock:
                     self._pid_keys[pid] = key

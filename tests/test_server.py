@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from guestfs.explicit import ExplicitLimits
+from guestfs.explicit import ExplicitLimits, ExplicitSettings, collect_explicit
 from guestfs.hostroot import HostRoot
 from guestfs.server import ServerConfig, ViewServer
 from tests.conftest import fixture_root
@@ -110,3 +110,21 @@ def test_open_snapshots_are_bounded_oldest_first():
     assert snaps.get(2) == b"b"
     snaps.put(4, b"x" * 50)        # a single large rendering is kept whole
     assert snaps.get(4) == b"x" * 50 and snaps.get(2) is None
+
+
+def test_no_cgroup_in_sight_gvisor_style(copy_fixture):
+    """Inside gVisor /proc/self/cgroup is empty and no cgroup is mounted: an explicit limit
+    still applies, usage comes from the (sandbox's) own meminfo, nothing falls back."""
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    (root / "proc/self/mountinfo").write_text(
+        "10 10 0:10 / / rw - overlay none rw\n13 10 0:12 / /proc rw - proc none rw\n")
+    for pid in ("self", "7"):
+        (root / f"proc/{pid}/cgroup").write_text("")
+    explicit = collect_explicit(ExplicitSettings(memory_limit="6Gi"))
+    srv, _ = server(root, explicit=explicit)
+    got = meminfo_kb(srv.render("/proc/meminfo", 7).decode())
+    assert srv.errors == 0
+    host_used = 8131768 - 8131768 * 6 // 10     # fixture host: MemFree is 60% of MemTotal
+    assert got["MemTotal"] == 6 * 1024 * 1024
+    assert got["MemFree"] == 6 * 1024 * 1024 - host_used
+    assert got["Cached"] == 4704368             # the host's Cached, as a v2 "file"

@@ -53,7 +53,9 @@ def meminfo_values(lim: EffectiveLimits) -> dict[str, int]:
     total = max(1, lim.memory.value // 1024)
     usage = lim.memory_usage.usage if lim.memory_usage else 0
     stat: Mapping[str, int] = lim.memory_usage.stat if lim.memory_usage else {}
-    v2 = lim.cgroup_versions.get("memory") == 2
+    # v1 memory.stat names only for a v1 cgroup; without a cgroup the usage comes from the
+    # host's meminfo under v2 names.
+    v2 = lim.cgroup_versions.get("memory") != 1
     keys = _V2_KEYS if v2 else _V1_KEYS
     free = max(0, total - usage // 1024)
     out: dict[str, int] = {"MemTotal": total, "MemFree": free, "Buffers": 0}
