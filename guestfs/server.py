@@ -55,7 +55,6 @@ class _View:
 class _Entry:
     state: ViewState = field(default_factory=ViewState)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    last_used: float = 0.0
 
 
 class ViewServer:
@@ -130,7 +129,6 @@ class ViewServer:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._entries[key] = _Entry()
-            entry.last_used = time.monotonic()
             return entry
 
     # ------------------------------------------------------------ reads
