@@ -186,6 +186,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
 
 
+def cmd_attach(args: argparse.Namespace) -> int:
+    from guestfs.attach import attach, watch
+    from guestfs.mountcmd import setup_logging
+
+    setup_logging(args.verbose)
+    if args.watch:
+        watch(args.pid or None, args.source, args.interval)
+        return 0
+    if not args.pid:
+        raise CliError("attach: give --pid PID (or --watch to follow every other mount "
+                       "namespace)")
+    for pid in args.pid:
+        try:
+            res = attach(pid, args.source)
+        except OSError as e:
+            raise CliError(str(e)) from e
+        print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="guestfs",
@@ -235,6 +255,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_options(p, where=False)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("attach", help="bind the served files inside another process's mount "
+                                      "namespace, and heal stale binds",
+                       description="Enter PID's mount namespace and bind SOURCE/proc/... and "
+                                   "SOURCE/sys/... over /proc and /sys there, replacing binds "
+                                   "left stale by a daemon that died. With --watch, repeat "
+                                   "every --interval seconds for the given pids or for every "
+                                   "other mount namespace (the sidecar pattern).")
+    p.add_argument("--pid", type=int, action="append", default=[],
+                   help="a process whose mount namespace gets the binds (repeatable)")
+    p.add_argument("--source", default="/run/guestfs",
+                   help="the guestfs mount as seen inside the target namespace "
+                        "(default /run/guestfs)")
+    p.add_argument("--watch", action="store_true", help="keep attaching, forever")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between rounds")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_attach)
     return parser
 
 

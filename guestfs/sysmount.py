@@ -20,6 +20,7 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
                         ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
 def _check(rc: int, what: str) -> None:
@@ -59,10 +60,21 @@ def unshare_mount_namespace() -> None:
             raise
 
 
-def is_stale_mount(path: str) -> bool:
-    """A FUSE mount whose daemon died: every access says ENOTCONN."""
+def enter_mount_namespace(pid: int) -> None:
+    """Join ``pid``'s mount namespace (the caller must be single-threaded)."""
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        os.stat(path)
+        _check(_libc.setns(fd, CLONE_NEWNS), f"setns(mnt of pid {pid})")
+    finally:
+        os.close(fd)
+    os.chdir("/")
+
+
+def is_stale_mount(path: str) -> bool:
+    """A FUSE mount whose daemon died: every request says ENOTCONN. (A stat alone can be
+    answered from the kernel's attribute cache for a while; listing the directory cannot.)"""
+    try:
+        os.listdir(path)
     except OSError as e:
         return e.errno == errno.ENOTCONN
     return False
