@@ -7,7 +7,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +20,15 @@ from tests.test_real_run import SEP
 pytestmark = pytest.mark.real
 MiB = 1 << 20
 HOST_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc")
+REPO = Path(__file__).resolve().parent.parent
 
 
-def bundle(path, mp: str, script: str, mem: int, quota: int, period: int = 100000) -> str:
+def bundle(path, mp: str | None, script: str, mem: int, quota: int, period: int = 100000,
+           fuse_inside: bool = False) -> str:
+    """A runc bundle running ``script`` with the host's binaries read-only. With ``mp``,
+    guestfs's files from the host are OCI binds over /proc (the DaemonSet pattern); with
+    ``fuse_inside``, the container gets /dev/fuse, CAP_SYS_ADMIN and this checkout so
+    guestfs runs inside it (the wrapper pattern)."""
     rootfs = path / "rootfs"
     rootfs.mkdir(parents=True)
     subprocess.run(["runc", "spec"], cwd=path, check=True)
@@ -38,14 +46,37 @@ def bundle(path, mp: str, script: str, mem: int, quota: int, period: int = 10000
             (rootfs / d.lstrip("/")).mkdir()
             mounts.append({"destination": d, "type": "bind", "source": d,
                            "options": ["rbind", "ro"]})
-    for f in SERVED_FILES:
+    for f in SERVED_FILES if mp else ():
         # runc refuses mounts inside /proc except a fixed list (cpuinfo, diskstats, meminfo,
         # stat, swaps, uptime, loadavg, ...), which has no /proc/pressure/*.
         if os.path.exists(f) and not f.startswith("/proc/pressure/"):
             mounts.append({"destination": f, "type": "bind", "source": mp + f,
                            "options": ["bind", "ro"]})
-    cfg["linux"]["resources"] = {"memory": {"limit": mem},
-                                 "cpu": {"quota": quota, "period": period}}
+    if fuse_inside:
+        for d in (str(REPO), sys.prefix, os.path.realpath(sys.base_prefix)):
+            (rootfs / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            mounts.append({"destination": d, "type": "bind", "source": d,
+                           "options": ["rbind", "ro"]})
+        (rootfs / "run").mkdir(exist_ok=True)
+        mounts.append({"destination": "/run", "type": "tmpfs", "source": "tmpfs",
+                       "options": ["nosuid", "nodev", "mode=755"]})
+        caps = cfg["process"]["capabilities"]
+        for kind in ("bounding", "effective", "permitted"):
+            caps.setdefault(kind, []).append("CAP_SYS_ADMIN")
+        st = os.stat("/dev/fuse")
+        cfg["linux"]["devices"] = [{"path": "/dev/fuse", "type": "c",
+                                    "major": os.major(st.st_rdev),
+                                    "minor": os.minor(st.st_rdev), "fileMode": 0o666}]
+        cfg["linux"]["resources"]["devices"] = [
+            {"allow": False, "access": "rwm"},
+            {"allow": True, "type": "c", "major": os.major(st.st_rdev),
+             "minor": os.minor(st.st_rdev), "access": "rwm"},
+            {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}]
+        # /proc paths are masked and read-only by default in runc's spec; guestfs run
+        # mounts over /proc files in its own namespace.
+        cfg["linux"]["readonlyPaths"] = []
+    cfg["linux"].setdefault("resources", {}).update(
+        {"memory": {"limit": mem}, "cpu": {"quota": quota, "period": period}})
     cfg["linux"]["cgroupsPath"] = f"guestfs-test-{uuid.uuid4().hex[:8]}"
     (path / "config.json").write_text(json.dumps(cfg))
     return str(path)
@@ -73,3 +104,58 @@ def test_runc_container_sees_its_limits(tmp_path, quota, n):
     assert next(ln.split() for ln in free.splitlines() if ln.startswith("Mem:"))[1] == "512"
     assert cpu_count.strip() == getconf.strip() == processors.strip() == str(n)
     assert online.strip() == ("0" if n == 1 else f"0-{n - 1}")
+
+
+def run_container(b: str, cid: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(["runc", "run", "--bundle", b, cid], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_wrapper_pattern_guestfs_is_the_entrypoint(tmp_path):
+    """The container's own process is `guestfs run -- free -m`: guestfs mounts inside the
+    container (/dev/fuse, CAP_SYS_ADMIN) and finds the limits runc set on its cgroup."""
+    if shutil.which("runc") is None:
+        pytest.fail("runc is missing: .ci/setup installs it")
+    inner = "free -m; echo " + SEP + "; python3 -c 'import os; print(os.cpu_count())'"
+    script = f"{sys.executable} -m guestfs run -- sh -c \"{inner}\""
+    cid = f"guestfs-test-{uuid.uuid4().hex[:8]}"
+    b = bundle(tmp_path / "bundle", None, script, 512 * MiB, 150000, fuse_inside=True)
+    try:
+        out = subprocess.run(["runc", "run", "--bundle", b, cid], capture_output=True,
+                             text=True, timeout=120)
+    finally:
+        subprocess.run(["runc", "delete", "--force", cid], capture_output=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    free, count = out.stdout.split(SEP + "\n")
+    assert next(ln.split() for ln in free.splitlines() if ln.startswith("Mem:"))[1] == "512"
+    assert count.strip() == "2"
+
+
+def test_daemonset_pattern_gives_each_container_its_own_view(tmp_path):
+    """One guestfs on the host, files passed to two containers as OCI binds: per-caller
+    views give each its own limits, read at the same time."""
+    if shutil.which("runc") is None:
+        pytest.fail("runc is missing: .ci/setup installs it")
+    mp = str(tmp_path / "mnt")
+    script = "sleep 1; free -m; echo " + SEP + "; grep -c ^processor /proc/cpuinfo"
+    ids = [f"guestfs-test-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    with mounted(mp, "--allow-other"):
+        specs = [(512 * MiB, 150000), (256 * MiB, 50000)]
+        bundles = [bundle(tmp_path / f"b{i}", mp, script, mem, quota)
+                   for i, (mem, quota) in enumerate(specs)]
+        procs = [run_container(b, cid) for b, cid in zip(bundles, ids, strict=True)]
+        try:
+            outs = [p.communicate(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for cid in ids:
+                subprocess.run(["runc", "delete", "--force", cid], capture_output=True)
+    got = []
+    for (stdout, stderr), p in zip(outs, procs, strict=True):
+        assert p.returncode == 0, stderr
+        free, cpus = stdout.split(SEP + "\n")
+        got.append((next(ln.split() for ln in free.splitlines()
+                         if ln.startswith("Mem:"))[1], cpus.strip()))
+    assert got == [("512", "2"), ("256", "1")]
