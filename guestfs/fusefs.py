@@ -20,6 +20,7 @@ from guestfs.view import SERVED_FILES
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
+SIZED_ENTRIES = 4096
 
 
 def _tree() -> tuple[dict[str, list[str]], set[str]]:
@@ -91,6 +92,8 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
                 if self.sized:
                     pid = fuse.fuse_get_context()[2]
                     data = server.render(path, pid)
+                    if len(self._sized) > SIZED_ENTRIES:  # stat()s never followed by open()
+                        self._sized.clear()
                     self._sized[(pid, path)] = data
                     size = len(data)
                 else:
