@@ -125,12 +125,10 @@ def other_namespaces() -> dict[str, int]:
     return found
 
 
-def watch(pids: list[int] | None, source_root: str, interval: float = 2.0,
-          rounds: int | None = None) -> None:
+def watch(pids: list[int] | None, source_root: str, interval: float = 2.0) -> None:
     """Attach to ``pids`` (or to every other mount namespace) every ``interval`` seconds:
     new app processes get binds, stale binds from a dead daemon are replaced."""
-    n = 0
-    while rounds is None or n < rounds:
+    while True:
         targets = pids if pids else list(other_namespaces().values())
         for pid in targets:
             try:
@@ -140,6 +138,4 @@ def watch(pids: list[int] | None, source_root: str, interval: float = 2.0,
                 continue
             if res.bound:
                 log.info("pid %d: bound %s", pid, ", ".join(res.bound))
-        n += 1
-        if rounds is None or n < rounds:
-            time.sleep(interval)
+        time.sleep(interval)

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from guestfs import sysmount
+from guestfs.runcmd import stop_process
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real
@@ -30,7 +31,10 @@ def attach(app: int, mp: str) -> str:
     return out.stdout
 
 
-def test_attach_and_heal_after_a_daemon_restart(tmp_path):
+@pytest.mark.parametrize("mode", ["once", "watch"])
+def test_attach_and_heal_after_a_daemon_restart(tmp_path, mode):
+    """once: `guestfs attach` run again after the restart (a restarted sidecar); watch:
+    one `guestfs attach --watch` that notices the stale binds by itself."""
     require_fuse()
     mp = str(tmp_path / "shared")
     os.makedirs(mp)
@@ -38,23 +42,30 @@ def test_attach_and_heal_after_a_daemon_restart(tmp_path):
     sysmount.bind(mp, mp)
     subprocess.run(["mount", "--make-shared", mp], check=True)
     app = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sleep", "600"])
+    watcher = None
     try:
         assert wait_for(lambda: os.readlink(f"/proc/{app.pid}/ns/mnt")
                         != os.readlink("/proc/self/ns/mnt"), 5)
         with mounted(mp, "--memory-limit", "512Mi") as daemon:
-            host_total = free_total(app.pid)
-            assert host_total != "512"
-            assert "bound" in attach(app.pid, mp)
-            assert free_total(app.pid) == "512"
-            assert "bound 0," in attach(app.pid, mp)   # live binds are left alone
+            assert free_total(app.pid) != "512"
+            if mode == "once":
+                assert "bound" in attach(app.pid, mp)
+                assert "bound 0," in attach(app.pid, mp)   # live binds are left alone
+            else:
+                watcher = subprocess.Popen([sys.executable, "-m", "guestfs", "attach",
+                                            "--watch", "--pid", str(app.pid), "--source", mp,
+                                            "--interval", "0.3"])
+            assert wait_for(lambda: free_total(app.pid) == "512", 10)
             daemon.kill()
             daemon.wait()
             assert wait_for(lambda: free_total(app.pid) != "512", 5)  # stale: ENOTCONN
             with mounted(mp, "--memory-limit", "256Mi"):
-                healed = attach(app.pid, mp)
-                assert wait_for(lambda: free_total(app.pid) == "256", 5), \
+                healed = attach(app.pid, mp) if mode == "once" else "watching"
+                assert wait_for(lambda: free_total(app.pid) == "256", 10), \
                     (healed, free_total(app.pid))
     finally:
+        if watcher is not None:
+            stop_process(watcher)
         app.kill()
         app.wait()
         force_unmount(mp)
