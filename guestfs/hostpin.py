@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from guestfs import sysmount
-from guestfs.hostroot import HostReadError, HostRoot
+from guestfs.hostroot import HostReadError, HostRoot, pread_all
 
 log = logging.getLogger("guestfs.hostpin")
 
@@ -35,19 +35,12 @@ class PinnedHost(HostRoot):
         fd = self.pins.get(host_path)
         if fd is None:
             return super().read_text(host_path)
-        chunks = []
-        offset = 0
         try:
             with self._locks[host_path]:
-                while True:
-                    chunk = os.pread(fd, 1 << 16, offset)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    offset += len(chunk)
+                data = pread_all(fd)
         except OSError as e:
             raise HostReadError(e.errno, f"{host_path} (pinned): {e.strerror}") from e
-        return b"".join(chunks).decode("utf-8", "replace")
+        return data.decode("utf-8", "replace")
 
     def close(self) -> None:
         for fd in self.pins.values():

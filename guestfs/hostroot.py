@@ -11,6 +11,16 @@ import os
 from dataclasses import dataclass
 
 
+def pread_all(fd: int) -> bytes:
+    """Everything in ``fd`` from offset 0, leaving its file offset alone (procfs seq files
+    regenerate at offset 0, so an fd opened once can be read again this way)."""
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 class HostReadError(OSError):
     """A host file could not be read; carries the host path for the message."""
 

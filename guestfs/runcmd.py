@@ -15,6 +15,7 @@ import threading
 import time
 
 from guestfs import sysmount
+from guestfs.hostroot import pread_all
 from guestfs.mountcmd import is_guestfs_mount, wait_mounted
 from guestfs.view import SERVED_FILES
 
@@ -76,14 +77,10 @@ def rereads_after_lseek(path: str) -> bool:
     return bool(first) and bool(again)
 
 
-def pread_all(path: str) -> bytes:
+def read_with_pread(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks, offset = [], 0
-        while chunk := os.pread(fd, 1 << 16, offset):
-            chunks.append(chunk)
-            offset += len(chunk)
-        return b"".join(chunks)
+        return pread_all(fd)
     finally:
         os.close(fd)
 
@@ -109,7 +106,7 @@ class Materialized:
     def refresh(self) -> None:
         for dst, guest in self.binds:
             try:
-                data = pread_all(self.sources[guest])
+                data = read_with_pread(self.sources[guest])
             except OSError as e:
                 log.warning("refreshing %s: %s", guest, e)
                 continue
