@@ -119,16 +119,29 @@ def _thread_ids(host: HostRoot, directory: str, version: int) -> list[str]:
     return tids
 
 
+def stat_fields(stat_text: str) -> list[str]:
+    """/proc/<pid>/stat from field 3 (state) on; the command name before it may hold spaces
+    and parentheses, so split after its last ')'."""
+    return stat_text[stat_text.rindex(")") + 2:].split()
+
+
 def task_state(stat_text: str) -> str:
-    """Field 3 of /proc/<pid>/stat; the command name may hold spaces and parentheses."""
-    return stat_text[stat_text.rindex(")") + 2:].split(" ", 1)[0]
+    return stat_fields(stat_text)[0]
+
+
+def _process_level(snap: Snapshot, lim: EffectiveLimits) -> tuple[Hierarchy, Level] | None:
+    """Where the container's processes are listed: the cpu hierarchy's level whose quota
+    applies (the memory hierarchy's where no cpu hierarchy is visible), else the leaf."""
+    h = snap.hierarchies["cpu"] if snap.hierarchies["cpu"].levels else snap.hierarchies["memory"]
+    level = level_for(h, cpu_cgroup(lim))
+    return None if level is None else (h, level)
 
 
 def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> TaskCounts | None:
-    h = snap.hierarchies["cpu"] if snap.hierarchies["cpu"].levels else snap.hierarchies["memory"]
-    level = level_for(h, cpu_cgroup(lim))
-    if level is None:
+    found = _process_level(snap, lim)
+    if found is None:
         return None
+    h, level = found
     running = blocked = total = 0
     for tid in _thread_ids(host, level.directory, h.version):
         text = host.try_read_text(f"/proc/{tid}/stat")
@@ -137,7 +150,7 @@ def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> Ta
         total += 1
         try:
             state = task_state(text)
-        except ValueError:
+        except (ValueError, IndexError):  # a truncated stat line
             continue
         if state == "R":
             running += 1
@@ -153,7 +166,7 @@ def _starttime_ticks(host: HostRoot, pid: str) -> int | None:
     if text is None:
         return None
     try:
-        return int(text[text.rindex(")") + 2:].split()[19])
+        return int(stat_fields(text)[19])  # field 22, starttime
     except (ValueError, IndexError):
         return None
 
@@ -198,10 +211,10 @@ def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
             return ContainerAge(max(0.0, host_uptime - start / tck),
                                 f"start of pid-namespace init /proc/{init}")
     # No visible init: the oldest process of the cgroup.
-    h = snap.hierarchies["cpu"] if snap.hierarchies["cpu"].levels else snap.hierarchies["memory"]
-    level = level_for(h, cpu_cgroup(lim))
-    if level is None:
+    found = _process_level(snap, lim)
+    if found is None:
         return None
+    level = found[1]
     starts = [s for pid in (host.try_read_text(level.file_path("cgroup.procs")) or "").split()
               if (s := _starttime_ticks(host, pid)) is not None]
     if not starts:
