@@ -20,6 +20,7 @@ from guestfs.host_proc import HostInfoError
 from guestfs.hostroot import HostReadError, HostRoot
 from guestfs.limits import ROUNDINGS, EffectiveLimits, effective_limits
 from guestfs.proc_cgroup import PidGone
+from guestfs.runcmd import DEFAULT_MOUNTPOINT
 from guestfs.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.snapshot import Snapshot, read_snapshot
 from guestfs.view import SERVED_FILES, render_file
@@ -249,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "in a private mount namespace where every served file is "
                                    "bind-mounted over its /proc or /sys counterpart, and exit "
                                    "with CMD's status (signals are forwarded).")
-    p.add_argument("--mountpoint", default="/run/guestfs",
+    p.add_argument("--mountpoint", default=DEFAULT_MOUNTPOINT,
                    help="where the filesystem is or will be mounted (default /run/guestfs)")
     add_mount_options(p)
     add_limit_options(p, where=False)
@@ -265,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "other mount namespace (the sidecar pattern).")
     p.add_argument("--pid", type=int, action="append", default=[],
                    help="a process whose mount namespace gets the binds (repeatable)")
-    p.add_argument("--source", default="/run/guestfs",
+    p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
                    help="the guestfs mount as seen inside the target namespace "
                         "(default /run/guestfs)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")

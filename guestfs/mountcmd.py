@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from guestfs import sysmount
@@ -78,12 +79,9 @@ def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
     """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
     procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
     switch the operations to reporting real sizes."""
-    deadline = time.monotonic() + timeout
-    while not _serves(mp):
-        if time.monotonic() > deadline:
-            log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
-            return
-        time.sleep(0.05)
+    if not wait_until(lambda: _serves(mp), timeout):
+        log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
+        return
     try:
         with open(f"{mp}/proc/uptime", "rb") as f:
             empty = not f.read()
@@ -107,17 +105,24 @@ def prepare_mountpoint(mp: str) -> None:
     os.makedirs(mp, exist_ok=True)
 
 
-def wait_mounted(mp: str, child_pid: int | None = None, timeout: float = 20.0) -> bool:
+def wait_until(ready: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    """Poll ``ready`` until it holds (True) or ``timeout`` seconds pass (False)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if is_guestfs_mount(mp):
-            return True
-        if child_pid is not None:
-            done, _ = os.waitpid(child_pid, os.WNOHANG)
-            if done:
-                return False
-        time.sleep(0.02)
-    return False
+    while not ready():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def wait_mounted(mp: str, child_pid: int | None = None, timeout: float = 20.0) -> bool:
+    """Until guestfs serves at ``mp``; False after ``timeout`` or once ``child_pid`` (the
+    daemon being waited for) has exited."""
+    def exited() -> bool:
+        return child_pid is not None and os.waitpid(child_pid, os.WNOHANG)[0] != 0
+
+    return wait_until(lambda: is_guestfs_mount(mp) or exited(), timeout) \
+        and is_guestfs_mount(mp)
 
 
 def _daemonize(opts: MountOptions) -> None:

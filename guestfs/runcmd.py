@@ -12,15 +12,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 from guestfs import sysmount
 from guestfs.hostroot import pread_all
-from guestfs.mountcmd import is_guestfs_mount, wait_mounted
+from guestfs.mountcmd import is_guestfs_mount, wait_mounted, wait_until
 from guestfs.view import SERVED_FILES
 
 log = logging.getLogger("guestfs.run")
-DEFAULT_MOUNTPOINT = "/run/guestfs"
+DEFAULT_MOUNTPOINT = "/run/guestfs"  # guestfs run's mount, and attach's default source
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2, signal.SIGWINCH)
 
@@ -58,13 +57,13 @@ def binds_for(mp: str) -> list[tuple[str, str]]:
 def wait_serving(path: str, timeout: float = 30.0) -> None:
     """Until a read of ``path`` returns data: a daemon that found a FUSE client which stops
     at st_size (gVisor) reports sizes only once its probe has run."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def reads_data() -> bool:
         with contextlib.suppress(OSError), open(path, "rb") as f:
-            if f.read():
-                return
-        time.sleep(0.05)
-    raise RunError(f"{path} reads empty after {timeout:g}s")
+            return bool(f.read())
+        return False
+
+    if not wait_until(reads_data, timeout, 0.05):
+        raise RunError(f"{path} reads empty after {timeout:g}s")
 
 
 def rereads_after_lseek(path: str) -> bool:
