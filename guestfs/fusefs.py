@@ -68,7 +68,7 @@ class OpenSnapshots:
 def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
     """An Operations instance for the binding module ``fuse`` (fusepy or mfusepy)."""
     dirs, files = _tree()
-    started = time.time()
+    t = time.time_ns()  # every file and directory carries the mount's start time
     erofs = fuse.FuseOSError(errno.EROFS)
 
     class GuestFS(fuse.Operations):  # type: ignore[misc, name-defined]
@@ -84,7 +84,6 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
             self._sized: dict[tuple[int, str], bytes] = {}
 
         def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
-            t = int(started * 1e9)
             if path in dirs:
                 return {"st_mode": DIR_MODE, "st_nlink": 2, "st_mtime": t, "st_ctime": t,
                         "st_atime": t}
