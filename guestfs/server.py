@@ -9,8 +9,10 @@ psutil) and the load average the sampler thread feeds every 5 s.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from cachetools import LRUCache, TTLCache
@@ -21,7 +23,7 @@ from guestfs.limits import EffectiveLimits, effective_limits
 from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
 from guestfs.snapshot import Snapshot, memberships_for_path, snapshot_of
-from guestfs.usage import pidns_init, read_task_counts
+from guestfs.usage import container_incarnation, pidns_init, read_task_counts
 from guestfs.view import ViewState, render_file
 
 log = logging.getLogger("guestfs.server")
@@ -49,12 +51,24 @@ class ServerConfig:
 class _View:
     snap: Snapshot
     lim: EffectiveLimits
+    born: float            # time.monotonic() when its cgroup files were read
+    incarnation: object    # identity of the container's cgroup directory
 
 
 @dataclass
 class _Entry:
     state: ViewState = field(default_factory=ViewState)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    incarnation: object = None
+
+    def follow(self, incarnation: object) -> None:
+        """A container re-created at the same cgroup path is a new container: its age and
+        load start again. The CPU clock carries on (re-based on the new cgroup's counters),
+        so a reader that spans the change never sees /proc/stat go backwards."""
+        if incarnation != self.incarnation:
+            self.incarnation = incarnation
+            self.state.age = None
+            self.state.load = None
 
 
 class ViewServer:
@@ -67,8 +81,11 @@ class ViewServer:
         self._lock = threading.Lock()
         self._pid_keys: TTLCache[int, tuple[str, str]] = TTLCache(8192, ttl)
         self._views: TTLCache[str, _View] = TTLCache(1024, ttl)
-        self._rendered: TTLCache[tuple[str, str], bytes] = TTLCache(8192, ttl)
+        # (view key, path) -> (deadline, bytes); the deadline is the view's birth + TTL.
+        self._rendered: TTLCache[tuple[str, str], tuple[float, bytes]] = TTLCache(8192, ttl)
         self._entries: LRUCache[str, _Entry] = LRUCache(1024)
+        self._last_good: LRUCache[tuple[str, str], bytes] = LRUCache(4096)
+        self.fallbacks: Counter[str] = Counter()
         # The hot path: (pid, path) -> (deadline, bytes), a plain dict read without a lock.
         self._fast: dict[tuple[int, str], tuple[float, bytes]] = {}
         self._stop = threading.Event()
@@ -112,8 +129,10 @@ class ViewServer:
             memberships = memberships_for_path(self.host, key[len(PINNED):])
         else:
             memberships = parse_proc_cgroup(key)
+        born = time.monotonic()
         snap = snapshot_of(self.host, memberships, pid)
-        return _View(snap, effective_limits(snap, self.config.explicit, self.config.cpu_rounding))
+        lim = effective_limits(snap, self.config.explicit, self.config.cpu_rounding)
+        return _View(snap, lim, born, container_incarnation(self.host, snap, lim))
 
     def _view(self, key: str, pid: str) -> _View:
         with self._lock:
@@ -134,57 +153,94 @@ class ViewServer:
     # ------------------------------------------------------------ reads
 
     def render(self, path: str, pid: int) -> bytes:
-        """The bytes served at ``path`` to ``pid``; never raises for bad cgroup input: it
-        falls back to the host's file and logs why."""
+        """The bytes served at ``path`` to ``pid``; never raises for bad cgroup input.
+
+        Freshness: every rendering carries the deadline of the view it was made from (the
+        moment its cgroup files were read + cache_ttl), and every cache layer keeps it, so
+        no number is older than cache_ttl (plus render time) and two readers of one view at
+        the same moment get the same bytes."""
         hit = self._fast.get((pid, path))
         if hit is not None and time.monotonic() < hit[0]:
             return hit[1]
-        data = self._render(path, pid)
+        deadline, data = self._render(path, pid)
         if path not in UNCACHED and self.config.cache_ttl > 0:
             if len(self._fast) > FAST_ENTRIES:
                 self._fast.clear()
-            self._fast[(pid, path)] = (time.monotonic() + self.config.cache_ttl, data)
+            self._fast[(pid, path)] = (deadline, data)
         return data
 
-    def _render(self, path: str, pid: int) -> bytes:
+    def _render(self, path: str, pid: int) -> tuple[float, bytes]:
+        key = None
         try:
             key, used = self.key_for(pid)
             if path not in UNCACHED:
                 with self._lock:
                     hit = self._rendered.get((key, path))
-                if hit is not None:
+                if hit is not None and time.monotonic() < hit[0]:
                     return hit
             view = self._view(key, used)
             entry = self._entry(key)
             with entry.lock:
+                entry.follow(view.incarnation)
                 if path == "/proc/loadavg" and entry.state.load is None:
-                    tasks = read_task_counts(self.host, view.snap, view.lim)
-                    if tasks is not None:
-                        entry.state.load = LoadAverage.single_sample(
-                            tasks.running + tasks.blocked)
-                data = render_file(path, self.host, view.snap, view.lim,
-                                   entry.state).encode()
+                    entry.state.load = self._new_load(view)
+                data = render_file(path, self.host, view.snap, view.lim, entry.state,
+                                   self._own_threads()).encode()
+            out = (view.born + self.config.cache_ttl, data)
             if path not in UNCACHED:
                 with self._lock:
-                    self._rendered[(key, path)] = data
-            return data
+                    self._rendered[(key, path)] = out
+                    self._last_good[(key, path)] = data
+            return out
         except Exception as e:  # noqa: BLE001 - a bad cgroup file must not kill the daemon
-            self.errors += 1
-            log.warning("%s for pid %s: %s: %s; serving the host's file", path, pid,
-                        type(e).__name__, e)
-            return self.host.read_text(path).encode()
+            return time.monotonic(), self._degraded(path, pid, key, e)
+
+    def _degraded(self, path: str, pid: int, key: str | None, err: Exception) -> bytes:
+        """The last good rendering of this view, so a pod never gets the node's numbers
+        because of one bad read; the host's file only for a view never rendered."""
+        self.errors += 1
+        cause = f"{path}: {type(err).__name__}"
+        self.fallbacks[cause] += 1
+        with self._lock:
+            last = self._last_good.get((key, path)) if key is not None else None
+        what = "the last good rendering" if last is not None else "the host's file"
+        if self.fallbacks[cause] == 1:
+            log.warning("%s for pid %s: %s: %s; serving %s (logged once per cause)",
+                        path, pid, type(err).__name__, err, what)
+        return last if last is not None else self.host.read_text(path).encode()
+
+    def _own_threads(self) -> frozenset[str]:
+        """The daemon's threads: under `guestfs run` they live in the container's cgroup,
+        and the load sampler itself is running whenever it counts."""
+        if self.host.root not in ("", "/"):
+            return frozenset()
+        try:
+            return frozenset(os.listdir("/proc/self/task"))
+        except OSError:
+            return frozenset()
+
+    def _new_load(self, view: _View) -> LoadAverage:
+        # As the kernel's avenrun: 0 when the container begins, one sample folded in now.
+        load = LoadAverage()
+        tasks = read_task_counts(self.host, view.snap, view.lim, self._own_threads())
+        if tasks is not None:
+            load.sample(tasks.running + tasks.blocked)
+        return load
 
     # ------------------------------------------------------------ loadavg sampler
 
     def sample_loads(self) -> None:
         with self._lock:
             items = list(self._entries.items())
+        own = self._own_threads()
         for key, entry in items:
             if entry.state.load is None:
                 continue
             try:
                 view = self._view(key, "self")
-                tasks = read_task_counts(self.host, view.snap, view.lim)
+                if view.incarnation != entry.incarnation:
+                    continue  # re-created since: the next read starts its load at 0
+                tasks = read_task_counts(self.host, view.snap, view.lim, own)
             except (OSError, LookupError, ValueError) as e:
                 log.debug("load sample failed: %s", e)
                 continue

@@ -7,7 +7,9 @@ slice when the quota sits there), so the numbers a tool divides match the limit 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -54,6 +56,9 @@ class CpuUsage:
     user_usec: int
     system_usec: int
     file: str
+    # Which cgroup this counter belongs to (its directory's inode): a cgroup removed and
+    # created again at the same path is another clock (render/stat.py re-bases on it).
+    incarnation: object = None
 
 
 def parse_cpuacct_usage_all(text: str) -> tuple[int, int]:
@@ -67,11 +72,23 @@ def parse_cpuacct_usage_all(text: str) -> tuple[int, int]:
     return user // 1000, system // 1000
 
 
-def read_cpu_usage(snap: Snapshot, lim: EffectiveLimits) -> CpuUsage | None:
+def _incarnation(host: HostRoot | None, level: Level) -> object:
+    if host is None:
+        return level.directory
+    try:
+        st = os.stat(host.path(level.directory))
+    except OSError:
+        return level.directory
+    return (level.directory, st.st_dev, st.st_ino)
+
+
+def read_cpu_usage(snap: Snapshot, lim: EffectiveLimits,
+                   host: HostRoot | None = None) -> CpuUsage | None:
     h = snap.hierarchies["cpuacct"]
     level = level_for(h, cpu_cgroup(lim))
     if level is None:
         return None
+    inc = _incarnation(host, level)
     if h.version == 2:
         text = level.files.get("cpu.stat")
         if text is None:
@@ -79,19 +96,19 @@ def read_cpu_usage(snap: Snapshot, lim: EffectiveLimits) -> CpuUsage | None:
         st = parse_flat_keyed(text)
         if "user_usec" not in st or "system_usec" not in st:
             return None
-        return CpuUsage(st["user_usec"], st["system_usec"], level.file_path("cpu.stat"))
+        return CpuUsage(st["user_usec"], st["system_usec"], level.file_path("cpu.stat"), inc)
     text = level.files.get("cpuacct.usage_all")
     if text:
         try:
             user, system = parse_cpuacct_usage_all(text)
-            return CpuUsage(user, system, level.file_path("cpuacct.usage_all"))
+            return CpuUsage(user, system, level.file_path("cpuacct.usage_all"), inc)
         except ValueError:
             pass
     st = parse_flat_keyed(level.files.get("cpuacct.stat") or "")
     if "user" in st and "system" in st:
         # cpuacct.stat counts USER_HZ ticks.
         return CpuUsage(st["user"] * 1_000_000 // USER_HZ, st["system"] * 1_000_000 // USER_HZ,
-                        level.file_path("cpuacct.stat"))
+                        level.file_path("cpuacct.stat"), inc)
     return None
 
 
@@ -137,13 +154,25 @@ def _process_level(snap: Snapshot, lim: EffectiveLimits) -> tuple[Hierarchy, Lev
     return None if level is None else (h, level)
 
 
-def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> TaskCounts | None:
+def container_incarnation(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> object:
+    """Identity of the container's cgroup directory (where its processes are listed): a
+    cgroup removed and created again at the same path gets another inode."""
+    found = _process_level(snap, lim)
+    return None if found is None else _incarnation(host, found[1])
+
+
+def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
+                     exclude: frozenset[str] = frozenset()) -> TaskCounts | None:
+    """Thread states of the container; ``exclude``: threads never counted (the daemon's
+    own, when it lives in the container's cgroup under ``guestfs run``)."""
     found = _process_level(snap, lim)
     if found is None:
         return None
     h, level = found
     running = blocked = total = 0
     for tid in _thread_ids(host, level.directory, h.version):
+        if tid in exclude:
+            continue
         text = host.try_read_text(f"/proc/{tid}/stat")
         if text is None:
             continue  # exited between the listing and the read
@@ -197,30 +226,66 @@ def pidns_init(host: HostRoot, pid: str) -> str | None:
 
 @dataclass(frozen=True)
 class ContainerAge:
-    seconds: float
+    start: float     # host uptime (s) at which the container began
     source: str      # what was measured
+
+    def seconds(self, host_uptime: float) -> float:
+        return max(0.0, host_uptime - self.start)
+
+
+def _member_of(host: HostRoot, pid: str, h: Hierarchy, level: Level) -> bool:
+    """Whether ``pid`` sits in ``level`` or below it in hierarchy ``h``."""
+    text = host.try_read_small(f"/proc/{pid}/cgroup")
+    if text is None:
+        return False
+    top = level.cgroup.rstrip("/")
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        ours = parts[1] == "" if h.version == 2 else h.controller in parts[1].split(",")
+        if ours:
+            return parts[2] == level.cgroup or parts[2].startswith(top + "/")
+    return False
+
+
+def _procs_below(host: HostRoot, directory: str) -> list[str]:
+    pids: list[str] = []
+    for dirpath, _dirs, files in os.walk(host.path(directory)):
+        if "cgroup.procs" in files:
+            with contextlib.suppress(OSError), open(os.path.join(dirpath, "cgroup.procs")) as f:
+                pids += f.read().split()
+    return pids
 
 
 def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
                        host_uptime: float, tck: int | None = None) -> ContainerAge | None:
+    """When the container began, from the first source that belongs to it:
+    1. the init of the reader's pid namespace, if it is in the container's cgroup (a
+       reader in the host's pid namespace must not get the host's init);
+    2. the oldest process in the container's cgroup or below it;
+    3. the creation of the cgroup directory (its change time).
+    The caller keeps the answer per view: this walks /proc at most once per container."""
     tck = tck or clk_tck()
+    found = _process_level(snap, lim)
     init = pidns_init(host, snap.pid)
-    if init is not None:
+    if init is not None and (found is None or _member_of(host, init, *found)):
         start = _starttime_ticks(host, init)
         if start is not None:
-            return ContainerAge(max(0.0, host_uptime - start / tck),
-                                f"start of pid-namespace init /proc/{init}")
-    # No visible init: the oldest process of the cgroup.
-    found = _process_level(snap, lim)
+            return ContainerAge(start / tck, f"start of pid-namespace init /proc/{init}")
     if found is None:
         return None
     level = found[1]
-    starts = [s for pid in (host.try_read_text(level.file_path("cgroup.procs")) or "").split()
+    starts = [s for pid in _procs_below(host, level.directory)
               if (s := _starttime_ticks(host, pid)) is not None]
-    if not starts:
+    if starts:
+        return ContainerAge(min(starts) / tck, f"oldest process below {level.directory}")
+    try:
+        ctime = os.stat(host.path(level.directory)).st_ctime
+    except OSError:
         return None
-    return ContainerAge(max(0.0, host_uptime - min(starts) / tck),
-                        f"oldest process of {level.directory}")
+    return ContainerAge(host_uptime - max(0.0, time.time() - ctime),
+                        f"creation of {level.directory}")
 
 
 # ------------------------------------------------------------------ I/O and pressure

@@ -15,10 +15,11 @@ from guestfs.render.cpu import cpus_limited, render_cpu_list, render_cpuinfo
 from guestfs.render.diskstats import render_diskstats
 from guestfs.render.loadavg import LoadAverage, render_loadavg
 from guestfs.render.meminfo import memory_limited, render_meminfo, render_swaps
-from guestfs.render.stat import StatCounters, render_stat
+from guestfs.render.stat import CpuClock, render_stat
 from guestfs.render.uptime import render_uptime
 from guestfs.snapshot import Snapshot
 from guestfs.usage import (
+    ContainerAge,
     read_container_age,
     read_cpu_usage,
     read_io,
@@ -40,11 +41,13 @@ class UnknownFile(LookupError):
 
 @dataclass
 class ViewState:
-    """What persists between reads of one view: served /proc/stat counters and the load
-    average the daemon's sampler maintains. `show` starts from a fresh one."""
+    """What persists between reads of one view: its CPU clock (/proc/stat, uptime's idle),
+    when the container began, and the load average the daemon's sampler maintains.
+    `show` starts from a fresh one."""
 
-    stat: StatCounters = field(default_factory=StatCounters)
+    clock: CpuClock = field(default_factory=CpuClock)
     load: LoadAverage | None = None
+    age: ContainerAge | None = None
 
 
 def any_limit(lim: EffectiveLimits) -> bool:
@@ -62,35 +65,49 @@ class RenderContext:
     snap: Snapshot
     lim: EffectiveLimits
     state: ViewState
+    exclude: frozenset[str] = frozenset()   # threads never counted as the container's
+
+
+def _age_seconds(ctx: RenderContext, up: float) -> float:
+    """The container's age; its start is found once per view, so every reader of the view
+    gets the same age whatever pid built it, and /proc is not walked per read."""
+    if ctx.state.age is None:
+        ctx.state.age = read_container_age(ctx.host, ctx.snap, ctx.lim, up)
+    return ctx.state.age.seconds(up) if ctx.state.age is not None else up
+
+
+def _tick_clock(ctx: RenderContext, up: float) -> bool:
+    usage = read_cpu_usage(ctx.snap, ctx.lim, ctx.host)
+    if usage is None:
+        return False
+    ctx.state.clock.advance(usage, ctx.lim.cpu_count.value, up, _age_seconds(ctx, up))
+    return True
 
 
 def _stat(ctx: RenderContext, text: str) -> str:
     lim = ctx.lim
     if not (cpus_limited(lim) or lim.cpu_quota.limited):
         return text
-    usage = read_cpu_usage(ctx.snap, lim)
-    if usage is None:
+    if not _tick_clock(ctx, host_uptime(ctx.host)):
         return text
-    up = host_uptime(ctx.host)
-    age = read_container_age(ctx.host, ctx.snap, lim, up)
-    tasks = read_task_counts(ctx.host, ctx.snap, lim)
-    return render_stat(text, lim.cpu_count.value, usage, age.seconds if age else up, tasks,
-                       ctx.state.stat)
+    tasks = read_task_counts(ctx.host, ctx.snap, lim, ctx.exclude)
+    return render_stat(text, lim.cpu_count.value, ctx.state.clock, tasks)
 
 
 def _uptime(ctx: RenderContext, text: str) -> str:
     if not any_limit(ctx.lim):
         return text
-    age = read_container_age(ctx.host, ctx.snap, ctx.lim, float(text.split()[0]))
-    if age is None:
-        return text
-    return render_uptime(age.seconds, ctx.lim.cpu_count.value, read_cpu_usage(ctx.snap, ctx.lim))
+    up = float(text.split()[0])
+    age = _age_seconds(ctx, up)
+    ticked = _tick_clock(ctx, up)
+    idle = ctx.state.clock.idle_seconds if ticked else age * ctx.lim.cpu_count.value
+    return render_uptime(age, idle)
 
 
 def _loadavg(ctx: RenderContext, text: str) -> str:
     if not any_limit(ctx.lim):
         return text
-    tasks = read_task_counts(ctx.host, ctx.snap, ctx.lim)
+    tasks = read_task_counts(ctx.host, ctx.snap, ctx.lim, ctx.exclude)
     if tasks is None:
         return text
     load = ctx.state.load or LoadAverage.single_sample(tasks.running + tasks.blocked)
@@ -124,10 +141,10 @@ assert set(RENDERERS) == set(SERVED_FILES)
 
 
 def render_file(path: str, host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
-                state: ViewState | None = None) -> str:
+                state: ViewState | None = None, exclude: frozenset[str] = frozenset()) -> str:
     """The text guestfs serves at guest ``path``; the host file is read under ``host``."""
     renderer = RENDERERS.get(path)
     if renderer is None:
         raise UnknownFile(path)
     text = host.read_text(path)
-    return renderer(RenderContext(host, snap, lim, state or ViewState()), text)
+    return renderer(RenderContext(host, snap, lim, state or ViewState(), exclude), text)

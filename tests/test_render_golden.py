@@ -100,9 +100,10 @@ def test_stat_v2_container_time(burstable):
     lines = burstable["/proc/stat"].splitlines()
     # Pod slice cpu.stat: user_usec 2097152 -> 209 ticks, system_usec 1048576 -> 104.
     # Age: host uptime 356512.43 - init start 35600000/100 = 512.43 s -> 51243 ticks;
-    # idle = 51243 - 209 - 104.
-    assert lines[0] == "cpu  209 0 104 50930 0 0 0 0 0 0"
-    assert lines[1] == "cpu0 209 0 104 50930 0 0 0 0 0 0"
+    # The busy 3.145728 s fit in 512.43 s x 1 CPU, so the clock starts "since the container
+    # began": idle = 512.43 - 3.145728 = 509.284272 s -> 50928 ticks.
+    assert lines[0] == "cpu  209 0 104 50928 0 0 0 0 0 0"
+    assert lines[1] == "cpu0 209 0 104 50928 0 0 0 0 0 0"
     assert lines[2].startswith("intr ")
     # Threads of the pod slice subtree: 7 and 9 running, 8 in D.
     assert "procs_running 2" in lines and "procs_blocked 1" in lines

@@ -12,7 +12,7 @@ from guestfs.limits import EffectiveLimits, MemoryUsage
 from guestfs.provenance import CGROUP, HOST, Resolved, Source
 from guestfs.render.cpu import render_cpu_list, render_cpuinfo
 from guestfs.render.meminfo import render_meminfo, render_swaps
-from guestfs.render.stat import StatCounters, cpu_lines, render_stat
+from guestfs.render.stat import CpuClock, cpu_lines, render_stat
 from guestfs.usage import CpuUsage
 from tests.conftest import fixture_root
 from tests.render_helpers import meminfo_kb
@@ -73,23 +73,64 @@ def test_meminfo_is_ordered_bounded_and_never_wraps(limit, usage, values, swap, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(steps=st.lists(st.tuples(st.integers(0, 5_000_000), st.integers(0, 5_000_000),
-                                st.floats(0, 30), st.integers(1, 8)),
+@given(start=st.integers(0, 10**13),
+       steps=st.lists(st.tuples(st.integers(-5_000_000, 5_000_000),
+                                st.integers(-5_000_000, 5_000_000),
+                                st.floats(0, 30), st.integers(1, 8), st.booleans()),
                       min_size=1, max_size=25))
-def test_stat_counters_are_monotonic_across_reads_and_limit_changes(steps):
-    state = StatCounters()
-    user = system = 0
-    age = 100.0
+def test_stat_counters_are_monotonic_whatever_the_cgroup_does(start, steps):
+    # Counters going backwards, new incarnations, N changing: no served counter decreases.
+    clock = CpuClock()
+    user = system = start
+    now, inc = 100.0, 0
     prev: dict[str, list[int]] = {}
-    for du, ds, dt, n in steps:
-        user, system, age = user + du, system + ds, age + dt
-        lines = cpu_lines(n, CpuUsage(user, system, "cpu.stat"), age, state)
+    clock.advance(CpuUsage(user, system, "cpu.stat", inc), 2, now, 100.0)
+    for du, ds, dt, n, recreate in steps:
+        user, system, now = max(0, user + du), max(0, system + ds), now + dt
+        inc += recreate
+        clock.advance(CpuUsage(user, system, "cpu.stat", inc), n, now, 100.0)
+        lines = cpu_lines(n, clock)
         for name, fields in lines:
             assert all(f >= 0 for f in fields)
             if name in prev:
                 assert all(a >= b for a, b in zip(fields, prev[name], strict=True)), name
             prev[name] = fields
         assert [name for name, _ in lines] == ["cpu"] + [f"cpu{i}" for i in range(n)]
+
+
+def test_long_lived_cgroup_idle_container_reads_idle():
+    # 2 CPUs; the cgroup burnt 500 s before a container that is 100 s old: more than
+    # 2 x 100 s, so the clock starts "since the view began": busy 0, idle 200 s.
+    clock = CpuClock()
+    clock.advance(CpuUsage(400_000_000, 100_000_000, "cpu.stat", "a"), 2, 1000.0, 100.0)
+    assert cpu_lines(2, clock)[0][1][:4] == [0, 0, 0, 20000]
+    # 10 s later, 0.2 s more CPU (an idle pod): idle grows by 2 x 10 - 0.2 = 19.8 s.
+    clock.advance(CpuUsage(400_100_000, 100_100_000, "cpu.stat", "a"), 2, 1010.0, 110.0)
+    total = cpu_lines(2, clock)[0][1]
+    assert total[:4] == [10, 0, 10, 20000 + 1980]
+    assert cpu_lines(2, clock)[1][1][:4] == [5, 0, 5, 10000 + 990]
+
+
+def test_busy_loop_reads_its_share_of_the_view():
+    # 1 busy thread in a 2-CPU view for 10 s: busy +10 s, idle +10 s: top shows 50 %.
+    clock = CpuClock()
+    clock.advance(CpuUsage(0, 0, "cpu.stat", "a"), 2, 50.0, 0.0)
+    clock.advance(CpuUsage(9_000_000, 1_000_000, "cpu.stat", "a"), 2, 60.0, 10.0)
+    user, _, system, idle = cpu_lines(2, clock)[0][1][:4]
+    assert (user, system, idle) == (900, 100, 1000)
+
+
+def test_recreated_cgroup_rebases_instead_of_freezing():
+    # The old cgroup had burnt 100 s; a new one at the same path starts at 0 and burns
+    # 2 s in the next 2 s: the served busy time moves by 2 s (not 0, as with a max()).
+    clock = CpuClock()
+    clock.advance(CpuUsage(100_000_000, 0, "cpu.stat", "old"), 1, 500.0, 400.0)
+    before = cpu_lines(1, clock)[0][1]
+    clock.advance(CpuUsage(0, 0, "cpu.stat", "new"), 1, 501.0, 401.0)
+    clock.advance(CpuUsage(2_000_000, 0, "cpu.stat", "new"), 1, 503.0, 403.0)
+    after = cpu_lines(1, clock)[0][1]
+    assert after[0] - before[0] == 200
+    assert after[3] - before[3] == 100  # the second in which it was re-created
 
 
 @settings(max_examples=100, deadline=None)
@@ -101,7 +142,9 @@ def test_cpuinfo_stat_and_online_agree_on_n(cpus, n):
     lim = make_limits(HOST_MEM // 2, 0, {}, 0, 0, 2, cpus_t, n)
     info = render_cpuinfo(HOST_CPUINFO, lim)
     online = render_cpu_list("0-7\n", lim)
-    stat = render_stat(HOST_STAT, n, CpuUsage(10**6, 10**6, "x"), 50.0)
+    clock = CpuClock()
+    clock.advance(CpuUsage(10**6, 10**6, "x"), n, 50.0, 50.0)
+    stat = render_stat(HOST_STAT, n, clock)
     if cpus_t[:n] == tuple(range(8)):
         assert online == "0-7\n"
     else:

@@ -91,10 +91,16 @@ def test_stat_stays_monotonic_across_cache_expiry_and_usage_going_back(copy_fixt
 def test_loadavg_state_is_sampled():
     srv, _ = server(fixture_root("k8s-systemd-v2-burstable"), cache_ttl=0,
                     explicit=ExplicitLimits())
-    assert srv.render("/proc/loadavg", 7).startswith(b"3.00 3.00 3.00 2/4 ")
+    # Like the kernel's avenrun the average starts at 0; the first read folds in one
+    # sample of the 3 active threads: 1-min (3 * 2048 * (2048 - 1884) + 2047) // 2048 =
+    # 492 -> 0.24; 5-min (3 * 2048 * 34 + 2047) // 2048 = 103 -> 0.05; 15-min 33 -> 0.02.
+    assert srv.render("/proc/loadavg", 7).startswith(b"0.24 0.05 0.02 2/4 ")
     for _ in range(12):     # one minute of 5 s samples at a constant 3 active threads
         srv.sample_loads()
-    assert srv.render("/proc/loadavg", 7).startswith(b"3.00 3.00 3.00")
+    # 13 samples: 3 * (1 - (1884/2048)^13) = 3 * (1 - 0.338) = 1.99 (the 1-min average
+    # after a minute is about 1 - 1/e of the load, as in the kernel).
+    one, five, _ = (float(x) for x in srv.render("/proc/loadavg", 7).split()[:3])
+    assert 1.95 <= one <= 2.05 and 0.5 < five < one
 
 
 def test_open_snapshots_are_bounded_oldest_first():

@@ -1,10 +1,25 @@
-"""/proc/stat with the container's own CPU time.
+"""/proc/stat and /proc/uptime's idle field: the container's own CPU clock.
 
-top, vmstat, htop and psutil take deltas of these counters, so every counter served to a
-reader only ever grows: StatCounters remembers what was served last and never goes below
-it, across cache expiry and limit changes. Busy time is the cgroup's (cpu.stat or
-cpuacct), spread evenly over the N visible CPUs; idle makes each CPU's busy + idle advance
-with the container's wall time. LXCFS serves host time here on v2 (its issue #593).
+top, vmstat, mpstat, htop and psutil divide *deltas* of these counters, so what matters is
+that busy and idle advance together with what the container did since the previous read.
+The cgroup's busy time (cpu.stat or cpuacct) is a lifetime counter: a pod-level cgroup
+outlives container restarts, a systemd unit or CI job may have burnt hours before
+``guestfs run`` started, and the root cgroup carries the whole host. So the served counters
+are a clock of their own (CpuClock), owned by the daemon per view:
+
+* The first reading starts it. If the cgroup's lifetime busy time fits in the container's
+  age (busy <= age x N), the counters start "since the container began": busy as the
+  cgroup says, idle = age x N - busy. Otherwise the history belongs to someone else and the
+  counters start "since the view began": busy 0, idle = age x N.
+* Every later reading adds the cgroup's busy delta and idle = elapsed x N - busy delta
+  (never below 0), spread evenly over the N visible CPUs.
+* A new incarnation of the cgroup (another directory inode, or a counter going backwards)
+  re-bases the deltas; the served counters carry on from where they were, so no reader
+  ever sees one go backwards.
+
+Worked example (docs/files.md): N = 2, age 100 s, the cgroup has burnt 500 s before the
+container (more than 2 x 100): start busy 0, idle 200 s. Ten seconds later the cgroup
+has burnt 5 s more: busy 5 s, idle 200 + (2 x 10 - 5) = 215 s; top shows 25 % busy.
 """
 
 from __future__ import annotations
@@ -16,48 +31,76 @@ from guestfs.usage import USER_HZ, CpuUsage, TaskCounts
 # user nice system idle iowait irq softirq steal guest guest_nice
 NFIELDS = 10
 USER, SYSTEM, IDLE = 0, 2, 3
+_US = 1_000_000
+
+
+def _spread(value: int, n: int, i: int) -> int:
+    return value // n + (1 if i < value % n else 0)
 
 
 @dataclass
-class StatCounters:
-    """Last served counters of one view (mutable; owned by the daemon per cgroup)."""
+class CpuClock:
+    """The served CPU counters of one view, in microseconds (mutable, owned per view)."""
 
+    incarnation: object = None
+    now: float = 0.0                      # host uptime (s) at the last reading
+    busy: tuple[int, int] = (0, 0)        # the cgroup's user, system usec at that reading
+    total: list[int] = field(default_factory=lambda: [0, 0, 0])  # user, system, idle
     per_cpu: dict[int, list[int]] = field(default_factory=dict)
-    total: list[int] = field(default_factory=lambda: [0] * NFIELDS)
+    started: bool = False
+
+    def advance(self, usage: CpuUsage, n: int, now: float, age: float) -> None:
+        n = max(1, n)
+        user, system = usage.user_usec, usage.system_usec
+        if not self.started:
+            wall = round(max(0.0, age) * n * _US)
+            start = (user, system) if user + system <= wall else (0, 0)
+            idle = wall - start[0] - start[1]
+            self.total = [start[0], start[1], idle]
+            self.per_cpu = {i: [_spread(v, n, i) for v in self.total] for i in range(n)}
+            self.started = True
+        else:
+            backwards = user < self.busy[0] or system < self.busy[1]
+            if usage.incarnation != self.incarnation or backwards:
+                du = ds = 0  # a new cgroup at the same path: its deltas start here
+            else:
+                du, ds = user - self.busy[0], system - self.busy[1]
+            dt = max(0.0, now - self.now)
+            self.total[0] += du
+            self.total[1] += ds
+            self.total[2] += max(0, round(dt * n * _US) - du - ds)
+            for i in range(n):
+                cu, cs = _spread(du, n, i), _spread(ds, n, i)
+                f = self.per_cpu.setdefault(i, [0, 0, 0])
+                f[0] += cu
+                f[1] += cs
+                f[2] += max(0, round(dt * _US) - cu - cs)
+        self.incarnation = usage.incarnation
+        self.now = now
+        self.busy = (user, system)
+
+    @property
+    def idle_seconds(self) -> float:
+        return self.total[2] / _US
 
 
-def _spread(ticks: int, n: int, i: int) -> int:
-    return ticks // n + (1 if i < ticks % n else 0)
+def _ticks(usec: list[int]) -> list[int]:
+    f = [0] * NFIELDS
+    f[USER], f[SYSTEM], f[IDLE] = (v * USER_HZ // _US for v in usec)
+    return f
 
 
-def cpu_lines(n: int, usage: CpuUsage, age_seconds: float,
-              state: StatCounters | None = None) -> list[tuple[str, list[int]]]:
-    """``cpu`` then ``cpu0``..``cpu{n-1}`` field lists; updates ``state``."""
-    state = state if state is not None else StatCounters()
-    user = usage.user_usec * USER_HZ // 1_000_000
-    system = usage.system_usec * USER_HZ // 1_000_000
-    wall = round(age_seconds * USER_HZ)
-    lines: list[tuple[str, list[int]]] = []
-    for i in range(n):
-        f = [0] * NFIELDS
-        f[USER] = _spread(user, n, i)
-        f[SYSTEM] = _spread(system, n, i)
-        f[IDLE] = max(0, wall - f[USER] - f[SYSTEM])
-        prev = state.per_cpu.get(i)
-        if prev is not None:
-            f = [max(a, b) for a, b in zip(f, prev, strict=True)]
-        state.per_cpu[i] = f
-        lines.append((f"cpu{i}", f))
-    total = [sum(col) for col in zip(*(f for _, f in lines), strict=True)]
-    total = [max(a, b) for a, b in zip(total, state.total, strict=True)]
-    state.total = total
-    return [("cpu", total), *lines]
+def cpu_lines(n: int, clock: CpuClock) -> list[tuple[str, list[int]]]:
+    """``cpu`` then ``cpu0``..``cpu{n-1}`` field lists, in USER_HZ ticks."""
+    lines = [("cpu", _ticks(clock.total))]
+    lines += [(f"cpu{i}", _ticks(clock.per_cpu.get(i, [0, 0, 0]))) for i in range(n)]
+    return lines
 
 
-def render_stat(host_text: str, n: int, usage: CpuUsage, age_seconds: float,
-                tasks: TaskCounts | None = None, state: StatCounters | None = None) -> str:
+def render_stat(host_text: str, n: int, clock: CpuClock,
+                tasks: TaskCounts | None = None) -> str:
     out = []
-    for name, fields in cpu_lines(n, usage, age_seconds, state):
+    for name, fields in cpu_lines(n, clock):
         # The kernel prints "cpu  " (two spaces) for the aggregate line.
         out.append(f"{name:<5}" + " ".join(map(str, fields)) if name == "cpu"
                    else f"{name} " + " ".join(map(str, fields)))

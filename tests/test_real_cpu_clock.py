@@ -1,0 +1,116 @@
+"""What people watch, through `guestfs run` in real cgroups: an idle container reads idle,
+a busy loop reads its share, the load starts at 0 and the uptime is the container's, also
+in a cgroup that burnt CPU before the container started (a pod slice that outlives a
+restart, a systemd unit, a CI job)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.realcg import RealCgroup, v1_cgroup
+from tests.test_real_run import guestfs_run, in_cgroup
+
+pytestmark = pytest.mark.real
+MiB = 1 << 20
+BUSY = f"{sys.executable} -c 'import time; t=time.time()\nwhile time.time()-t<{{s}}: pass'"
+
+
+def burn(cg: RealCgroup, seconds: float, procs: int) -> None:
+    """``procs`` busy loops for ``seconds`` inside ``cg``; they exit before we go on."""
+    script = " & ".join([BUSY.format(s=seconds)] * procs) + "; wait"
+    out = in_cgroup(cg, ["sh", "-c", script], timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def vmstat_last(text: str) -> dict[str, int]:
+    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
+    header = next(ln for ln in lines if "id" in ln and "us" in ln)
+    return dict(zip(header, map(int, lines[-1]), strict=True))
+
+
+def top_second_cpu_line(text: str) -> dict[str, float]:
+    line = [ln for ln in text.splitlines() if ln.startswith("%Cpu(s)")][-1]
+    parts = line.split(":", 1)[1].replace(",", " ").split()
+    return {parts[i + 1]: float(parts[i]) for i in range(0, len(parts) - 1, 2)}
+
+
+def recreate_cpu(cg: RealCgroup) -> None:
+    for c in ("cpu", "cpuacct"):
+        d = cg.dirs.get(c)
+        if d is None:
+            continue
+        os.rmdir(d)
+        os.mkdir(d)
+        if c == "cpu":
+            for name, value in (("cpu.cfs_period_us", "100000"),
+                                ("cpu.cfs_quota_us", "200000")):
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(value)
+
+
+@pytest.mark.parametrize("history", ["fresh", "long-lived"])
+def test_idle_container_reads_idle_with_load_0_and_its_own_age(tmp_path, history):
+    with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
+        if history == "long-lived":
+            burn(cg, 2.5, 2)      # 5 CPU-seconds, more than the container's age x 2
+        vmstat, top, loadavg, uptime = guestfs_run(cg, str(tmp_path / "mnt"), [
+            "vmstat 1 3", "top -bn2 -d1 | grep '^%Cpu'", "cat /proc/loadavg",
+            "cat /proc/uptime"])
+    v = vmstat_last(vmstat)
+    assert v["id"] >= 80, vmstat          # was 0 (us 63 sy 37) in a long-lived cgroup
+    assert top_second_cpu_line(top)["id"] >= 80, top
+    assert float(loadavg.split()[0]) < 0.5, loadavg   # was 1.00: the daemon's own thread
+    age, idle = (float(x) for x in uptime.split())
+    assert age < 30, uptime               # the container's, not the host's
+    assert idle > 0, uptime
+
+
+def test_busy_loop_reads_its_share_of_a_two_cpu_view(tmp_path):
+    with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
+        burn(cg, 2.5, 2)
+        # One busy thread in a 2-CPU view: 50 % busy.
+        script = f"{BUSY.format(s=8)} & sleep 1; vmstat 1 4; kill $! 2>/dev/null; wait"
+        (vmstat,) = guestfs_run(cg, str(tmp_path / "mnt"), [script])
+    v = vmstat_last(vmstat)
+    assert 30 <= v["us"] + v["sy"] <= 70, vmstat
+    assert 30 <= v["id"] <= 70, vmstat
+
+
+def test_recreated_cgroup_gets_a_clock_of_its_own(tmp_path):
+    """One daemon (pinned to a cgroup path) serving while the cgroup is removed and made
+    again: the new one's busy loop shows up in /proc/stat (it froze before)."""
+    from tests.fusemount import force_unmount, require_fuse
+
+    require_fuse()
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
+        path = cg.paths["cpu"]
+        daemon = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", str(mp),
+                                   "--cgroup", path, "--cache-ttl", "0.1"],
+                                  stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(100):
+                if (mp / "proc/stat").exists():
+                    break
+                time.sleep(0.1)
+            burn(cg, 2.0, 1)
+            before = (mp / "proc/stat").read_text().split("\n")[0].split()
+            recreate_cpu(cg)   # removed and made again at the same path, same limits
+            time.sleep(0.3)
+            (mp / "proc/stat").read_text()      # the new incarnation's first reading
+            burn(cg, 1.5, 1)
+            time.sleep(0.3)
+            after = (mp / "proc/stat").read_text().split("\n")[0].split()
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+            force_unmount(str(mp))
+    busy = lambda f: int(f[1]) + int(f[3])  # noqa: E731 - user + system ticks
+    assert busy(before) >= 150
+    assert busy(after) - busy(before) >= 100, (before, after)  # 1.5 s burnt: 150 ticks
