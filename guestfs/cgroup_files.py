@@ -38,9 +38,13 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
         if len(parts) != 2:
             continue
         try:
-            out[parts[0]] = int(parts[1])
+            value = int(parts[1])
         except ValueError:
             continue
+        # Every counter in these files is unsigned in the kernel; a negative one is a
+        # corrupt file, and serving it would give "MemAvailable: -4424061 kB".
+        if value >= 0:
+            out[parts[0]] = value
     return out
 
 

@@ -116,6 +116,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         text = render_file(path, host, snap, lim)
     except HostReadError as e:
         raise CliError(f"cannot read the host's {path} under {args.root}: {e}") from e
+    except (ValueError, LookupError) as e:
+        raise CliError(f"the host's {path} under {args.root} is malformed: "
+                       f"{type(e).__name__}: {e}") from e
     sys.stdout.write(text)
     return 0
 

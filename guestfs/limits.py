@@ -170,7 +170,15 @@ def _resolve_memory(snap: Snapshot, explicit: ExplicitLimits, w: _Warnings
             c = Candidate(None, Source(c.source.kind, c.source.file, c.source.cgroup,
                                        f"{c.source.note}: at/above host RAM, no limit"))
         cands.append(c)
-    cands += _memory_candidates(h, host_total, w)
+    for c in _memory_candidates(h, host_total, w):
+        if c.value is not None and c.value <= 0:
+            # A 0 (or a negative hierarchical_memory_limit) at one level is a corrupt or
+            # transient file, not a limit: the kernel refuses to set 0 on a populated
+            # cgroup. Ignore that level so its parents' limits still apply.
+            w.append(f"{c.source.describe()}: limit {c.value} ignored at this level")
+            c = Candidate(None, Source(c.source.kind, c.source.file, c.source.cgroup,
+                                       f"{c.value}: ignored"))
+        cands.append(c)
     best = pick_min(cands)
     host_src = Source(HOST, "/proc/meminfo", note="MemTotal")
     if best is None:

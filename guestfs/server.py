@@ -22,7 +22,7 @@ from guestfs.hostroot import HostRoot
 from guestfs.limits import EffectiveLimits, effective_limits
 from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
-from guestfs.snapshot import Snapshot, memberships_for_path, snapshot_of
+from guestfs.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
 from guestfs.usage import container_incarnation, pidns_init, read_task_counts
 from guestfs.view import ViewState, render_file
 
@@ -71,6 +71,14 @@ class _Entry:
             self.state.load = None
 
 
+def _lost_hierarchies(last: _View | None, new: _View) -> list[str]:
+    """Limit controllers whose cgroup was visible in ``last`` and is not in ``new``."""
+    if last is None:
+        return []
+    return [c for c in LIMIT_CONTROLLERS
+            if last.snap.hierarchies[c].levels and not new.snap.hierarchies[c].levels]
+
+
 class ViewServer:
     def __init__(self, host: HostRoot, config: ServerConfig) -> None:
         if config.view not in VIEWS:
@@ -85,6 +93,7 @@ class ViewServer:
         self._rendered: TTLCache[tuple[str, str], tuple[float, bytes]] = TTLCache(8192, ttl)
         self._entries: LRUCache[str, _Entry] = LRUCache(1024)
         self._last_good: LRUCache[tuple[str, str], bytes] = LRUCache(4096)
+        self._last_view: LRUCache[str, _View] = LRUCache(1024)
         self.fallbacks: Counter[str] = Counter()
         # The hot path: (pid, path) -> (deadline, bytes), a plain dict read without a lock.
         self._fast: dict[tuple[int, str], tuple[float, bytes]] = {}
@@ -140,8 +149,25 @@ class ViewServer:
         if view is None:
             view = self._build_view(key, pid)
             with self._lock:
+                last = self._last_view.get(key)
+            lost = _lost_hierarchies(last, view)
+            if last is not None and lost:
+                # The cgroup files that gave this view its limits are unreadable now (a bad
+                # mount table, a cgroup being torn down): keep the last good limits, with
+                # fresh times, rather than serve the node's size to the pod.
+                self._count_fallback(f"cgroup data lost ({', '.join(lost)})", key,
+                                     "keeping the view's last good limits")
+                view = _View(last.snap, last.lim, view.born, last.incarnation)
+            with self._lock:
                 self._views[key] = view
+                self._last_view[key] = view
         return view
+
+    def _count_fallback(self, cause: str, subject: object, what: str) -> None:
+        self.errors += 1
+        self.fallbacks[cause] += 1
+        if self.fallbacks[cause] == 1:
+            log.warning("%s for %s; %s (logged once per cause)", cause, subject, what)
 
     def _entry(self, key: str) -> _Entry:
         with self._lock:
@@ -187,10 +213,10 @@ class ViewServer:
                 data = render_file(path, self.host, view.snap, view.lim, entry.state,
                                    self._own_threads()).encode()
             out = (view.born + self.config.cache_ttl, data)
-            if path not in UNCACHED:
-                with self._lock:
+            with self._lock:
+                if path not in UNCACHED:
                     self._rendered[(key, path)] = out
-                    self._last_good[(key, path)] = data
+                self._last_good[(key, path)] = data
             return out
         except Exception as e:  # noqa: BLE001 - a bad cgroup file must not kill the daemon
             return time.monotonic(), self._degraded(path, pid, key, e)
@@ -198,15 +224,11 @@ class ViewServer:
     def _degraded(self, path: str, pid: int, key: str | None, err: Exception) -> bytes:
         """The last good rendering of this view, so a pod never gets the node's numbers
         because of one bad read; the host's file only for a view never rendered."""
-        self.errors += 1
-        cause = f"{path}: {type(err).__name__}"
-        self.fallbacks[cause] += 1
         with self._lock:
             last = self._last_good.get((key, path)) if key is not None else None
         what = "the last good rendering" if last is not None else "the host's file"
-        if self.fallbacks[cause] == 1:
-            log.warning("%s for pid %s: %s: %s; serving %s (logged once per cause)",
-                        path, pid, type(err).__name__, err, what)
+        self._count_fallback(f"{path}: {type(err).__name__}: {err}", f"pid {pid}",
+                             f"serving {what}")
         return last if last is not None else self.host.read_text(path).encode()
 
     def _own_threads(self) -> frozenset[str]:

@@ -20,6 +20,7 @@ from guestfs.render.uptime import render_uptime
 from guestfs.snapshot import Snapshot
 from guestfs.usage import (
     ContainerAge,
+    CpuUsage,
     read_container_age,
     read_cpu_usage,
     read_io,
@@ -76,20 +77,21 @@ def _age_seconds(ctx: RenderContext, up: float) -> float:
     return ctx.state.age.seconds(up) if ctx.state.age is not None else up
 
 
-def _tick_clock(ctx: RenderContext, up: float) -> bool:
+def _tick_clock(ctx: RenderContext, up: float) -> None:
     usage = read_cpu_usage(ctx.snap, ctx.lim, ctx.host)
+    clock = ctx.state.clock
     if usage is None:
-        return False
-    ctx.state.clock.advance(usage, ctx.lim.cpu_count.value, up, _age_seconds(ctx, up))
-    return True
+        # No readable CPU counter (a missing or corrupt cpu.stat): hold busy where it was
+        # and let idle advance, so the file keeps the view's CPU count and its shape.
+        usage = CpuUsage(*clock.busy, "held", clock.incarnation)
+    clock.advance(usage, ctx.lim.cpu_count.value, up, _age_seconds(ctx, up))
 
 
 def _stat(ctx: RenderContext, text: str) -> str:
     lim = ctx.lim
     if not (cpus_limited(lim) or lim.cpu_quota.limited):
         return text
-    if not _tick_clock(ctx, host_uptime(ctx.host)):
-        return text
+    _tick_clock(ctx, host_uptime(ctx.host))
     tasks = read_task_counts(ctx.host, ctx.snap, lim, ctx.exclude)
     return render_stat(text, lim.cpu_count.value, ctx.state.clock, tasks)
 
@@ -99,9 +101,8 @@ def _uptime(ctx: RenderContext, text: str) -> str:
         return text
     up = float(text.split()[0])
     age = _age_seconds(ctx, up)
-    ticked = _tick_clock(ctx, up)
-    idle = ctx.state.clock.idle_seconds if ticked else age * ctx.lim.cpu_count.value
-    return render_uptime(age, idle)
+    _tick_clock(ctx, up)
+    return render_uptime(age, ctx.state.clock.idle_seconds)
 
 
 def _loadavg(ctx: RenderContext, text: str) -> str:

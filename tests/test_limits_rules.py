@@ -55,11 +55,15 @@ def test_all_levels_malformed_falls_back_to_host_never_zero(burstable):
     assert lim.cpu_count.value == 4
 
 
-def test_zero_limit_is_never_served(burstable):
+def test_zero_limit_is_never_served_and_does_not_erase_the_parents(burstable):
     put(burstable, f"{POD}/memory.max", "0\n")
     lim = limits_of(burstable)
-    assert lim.memory.value == HOST_MEM
+    # The pod's 0 is ignored; kubepods.slice's allocatable (7920943104) still binds.
+    assert lim.memory.value == 7920943104
     assert any("limit 0 ignored" in w for w in lim.warnings)
+    put(burstable, f"{POD}/memory.max", f"{512 * MiB}\n")
+    put(burstable, f"{LEAF}/memory.max", "0\n")
+    assert limits_of(burstable).memory.value == 512 * MiB
 
 
 def test_values_at_or_above_host_ram_mean_no_limit(burstable):

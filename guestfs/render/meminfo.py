@@ -60,8 +60,9 @@ def meminfo_values(lim: EffectiveLimits) -> dict[str, int]:
     free = max(0, total - usage // 1024)
     out: dict[str, int] = {"MemTotal": total, "MemFree": free, "Buffers": 0}
     for line, ks in keys.items():
-        if all(k in stat for k in ks):
-            out[line] = min(total, sum(stat[k] for k in ks) // 1024)
+        # A key memory.stat does not give (an empty or truncated file, an older kernel)
+        # is 0, never the host's value beside the container's MemTotal.
+        out[line] = min(total, sum(stat.get(k, 0) for k in ks) // 1024)
     if "SwapCached" not in out:
         out["SwapCached"] = 0
     if not v2:
