@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from guestfs import sysmount
-from guestfs.view import SERVED_FILES
+from guestfs.view import BOUND_BY_DEFAULT
 
 log = logging.getLogger("guestfs.attach")
 
@@ -66,7 +66,7 @@ def attach_here(source_root: str) -> tuple[list[str], list[str]]:
     """In the current mount namespace: bind ``source_root``+file over each served file that
     is not already served by a live bind. Returns (rebound, healthy)."""
     bound, healthy = [], []
-    for f in SERVED_FILES:
+    for f in BOUND_BY_DEFAULT:
         src = source_root.rstrip("/") + f
         if not _target_exists(f) or not os.path.exists(src):
             continue

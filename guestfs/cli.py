@@ -185,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
     explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
     try:
-        return run(args.mountpoint, cmd, mount_argv(args))
+        return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure)
     except (RunError, OSError) as e:
         raise CliError(str(e)) from e
 
@@ -257,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the filesystem is or will be mounted (default /run/guestfs)")
     add_mount_options(p)
     add_limit_options(p, where=False)
+    p.add_argument("--bind-pressure", action="store_true",
+                   help="also bind /proc/pressure/{cpu,memory,io} (the cgroup's pressure; "
+                        "PSI triggers written to them then fail with EROFS)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=cmd_run)
 

@@ -16,7 +16,7 @@ import threading
 from guestfs import sysmount
 from guestfs.hostroot import pread_all
 from guestfs.mountcmd import is_guestfs_mount, wait_mounted, wait_until
-from guestfs.view import SERVED_FILES
+from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
 
 log = logging.getLogger("guestfs.run")
 DEFAULT_MOUNTPOINT = "/run/guestfs"  # guestfs run's mount, and attach's default source
@@ -49,9 +49,10 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type
             proc.wait()
 
 
-def binds_for(mp: str) -> list[tuple[str, str]]:
+def binds_for(mp: str, pressure: bool = False) -> list[tuple[str, str]]:
     # A kernel without PSI has no /proc/pressure: nothing to cover there.
-    return [(mp + f, f) for f in SERVED_FILES if os.path.exists(f)]
+    files = SERVED_FILES if pressure else BOUND_BY_DEFAULT
+    return [(mp + f, f) for f in files if os.path.exists(f)]
 
 
 def wait_serving(path: str, timeout: float = 30.0) -> None:
@@ -137,14 +138,14 @@ def _child(binds: list[tuple[str, str]], cmd: list[str]) -> None:
         os._exit(127)
 
 
-def run(mp: str, cmd: list[str], mount_args: list[str]) -> int:
+def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False) -> int:
     mp = os.path.abspath(mp)
     daemon = None
     if not is_guestfs_mount(mp):
         daemon = start_daemon(mp, mount_args)
     materialized = None
     try:
-        binds = binds_for(mp)
+        binds = binds_for(mp, bind_pressure)
         wait_serving(mp + "/proc/meminfo")
         if not rereads_after_lseek(mp + "/proc/meminfo"):
             log.warning("open files on %s cannot be re-read after lseek (gVisor's FUSE "

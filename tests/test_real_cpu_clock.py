@@ -114,3 +114,33 @@ def test_recreated_cgroup_gets_a_clock_of_its_own(tmp_path):
     busy = lambda f: int(f[1]) + int(f[3])  # noqa: E731 - user + system ticks
     assert busy(before) >= 150
     assert busy(after) - busy(before) >= 100, (before, after)  # 1.5 s burnt: 150 ticks
+
+
+# Without CAP_SYS_RESOURCE (root here lacks it, as in most pods) the kernel takes only
+# windows that are multiples of 2 s.
+PSI = ("import os, select\n"
+       "fd = os.open('/proc/pressure/cpu', os.O_RDWR | os.O_NONBLOCK)\n"
+       "os.write(fd, b'some 150000 2000000\\0')\n"
+       "p = select.poll(); p.register(fd, select.POLLPRI)\n"
+       "p.poll(100)\n"
+       "print('trigger armed')\n")
+
+
+def test_psi_trigger_works_under_run_and_is_refused_with_bind_pressure(tmp_path):
+    """systemd-oomd-style monitors write a trigger to /proc/pressure/* and poll it; the
+    kernel's file must stay in place unless --bind-pressure asks for ours."""
+    import os as _os
+
+    if not _os.path.exists("/proc/pressure/cpu"):
+        pytest.skip("this kernel has no PSI (/proc/pressure)")
+    with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
+        (out,) = guestfs_run(cg, str(tmp_path / "mnt"), [
+            f"{sys.executable} -c \"{PSI}\"; head -1 /proc/meminfo"])
+        assert "trigger armed" in out and "524288 kB" in out, out
+        script = f"{sys.executable} -c \"{PSI}\" 2>&1 | tail -1"
+        res = in_cgroup(cg, [sys.executable, "-m", "guestfs", "run", "--bind-pressure",
+                             "--mountpoint", str(tmp_path / "mnt2"), "--", "sh", "-c",
+                             script])
+        from tests.fusemount import force_unmount
+        force_unmount(str(tmp_path / "mnt2"))
+    assert "Read-only file system" in res.stdout, res.stdout + res.stderr
