@@ -144,3 +144,35 @@ def test_psi_trigger_works_under_run_and_is_refused_with_bind_pressure(tmp_path)
         from tests.fusemount import force_unmount
         force_unmount(str(tmp_path / "mnt2"))
     assert "Read-only file system" in res.stdout, res.stdout + res.stderr
+
+
+FRESH = r'''
+import os, subprocess, sys, time
+def free_kb(f):
+    f.seek(0)
+    return int(next(l for l in f.read().splitlines() if l.startswith("MemFree:")).split()[1])
+held = open("/proc/meminfo")            # a long-lived reader, re-reading after lseek(0)
+before = free_kb(held)
+alloc = subprocess.Popen([sys.executable, "-c",
+    "import sys, time; b = bytearray(200 << 20); sys.stdout.write('x'); sys.stdout.flush();"
+    " time.sleep(30)"], stdout=subprocess.PIPE)
+alloc.stdout.read(1)                    # the 200 MiB are touched
+time.sleep(0.6)                         # --cache-ttl 0.5 + 0.1
+held_kb = free_kb(held)
+with open("/proc/meminfo") as f:
+    new_kb = free_kb(f)
+alloc.kill()
+print(before, held_kb, new_kb)
+'''
+
+
+def test_one_freshness_bound_for_held_and_new_readers(tmp_path):
+    """A number is at most --cache-ttl old, for a reader holding the file open (procps
+    re-reads after lseek) as for a new process; both see the allocation."""
+    with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
+        script = tmp_path / "fresh.py"
+        script.write_text(FRESH)
+        (out,) = guestfs_run(cg, str(tmp_path / "mnt"), [f"{sys.executable} {script}"])
+    before, held, new = (int(x) for x in out.split())
+    assert before - held >= 180 * 1024, out     # 200 MiB allocated: MemFree fell
+    assert abs(held - new) <= 16 * 1024, out     # both readers agree

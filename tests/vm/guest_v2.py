@@ -220,3 +220,28 @@ def test_tools_inside_guestfs_run_in_the_scope():
     assert next(ln.split() for ln in free.splitlines() if ln.startswith("Mem:"))[1] == "512"
     assert "MiB Mem :    512.0 total" in top and top.count("%Cpu") == 1
     assert count.strip() == "1"
+
+
+def test_long_lived_cgroup_reads_idle_under_run():
+    """A cgroup that burnt CPU before `guestfs run` started in it: an idle container
+    still reads idle in vmstat and top, with a load near 0 and its own short uptime."""
+    files = {"guestfs-old.slice": {"cpu.max": "200000 100000", "memory.max": "536870912"}}
+    with cgroup_tree("guestfs-old.slice", files) as d:
+        burn = ("import time; t = time.time()\nwhile time.time() - t < 3: pass")
+        run_in(d, "sh", "-c", f"{sys.executable} -c '{burn}' & "
+                              f"{sys.executable} -c '{burn}' & wait")
+        script = ("vmstat 1 3; echo ====; top -bn2 -d1 | grep '^%Cpu'; echo ====; "
+                  "cat /proc/loadavg /proc/uptime")
+        out = run_in(d, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                     "/run/gfs-old", "--", "sh", "-c", script)
+    vmstat, top, rest = out.split("====\n")
+    last = vmstat.strip().splitlines()[-1].split()
+    header = next(ln.split() for ln in vmstat.splitlines() if " id " in f" {ln} ")
+    idle = int(dict(zip(header, last, strict=True))["id"])
+    top_idle = float(top.strip().splitlines()[-1].split(",")[3].split()[0])
+    load = float(rest.split()[0])
+    age = float(rest.splitlines()[1].split()[0])
+    record("long_lived_idle", vmstat_id=idle, top_id=top_idle, load1=load, uptime=age)
+    assert idle >= 60 and top_idle >= 60, out   # was 0 before the per-view CPU clock
+    assert load < 0.6, out                       # the daemon's own threads are not counted
+    assert age < 60, out
