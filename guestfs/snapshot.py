@@ -73,6 +73,10 @@ class Snapshot:
     host: HostInfo
     hierarchies: Mapping[str, Hierarchy]
     warnings: tuple[str, ...] = field(default=())
+    # Host uptime (s) read just before the cgroup files: the moment the CPU counters in
+    # them belong to. /proc/stat's clock pairs them with this, not with the render time,
+    # or a cached snapshot's busy time would be set against a later wall time.
+    uptime: float | None = None
 
 
 def _membership_for(memberships: list[CgroupMembership], controller: str,
@@ -175,5 +179,15 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
     except OSError as e:
         mounts = []
         warnings.append(f"cannot read /proc/self/mountinfo: {e}")
+    uptime = _host_uptime(host)
     hierarchies = {c: read_hierarchy(host, mounts, memberships, c) for c in CONTROLLERS}
-    return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings))
+    return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings),
+                    uptime)
+
+
+def _host_uptime(host: HostRoot) -> float | None:
+    text = host.try_read_text("/proc/uptime")
+    try:
+        return float(text.split()[0]) if text else None
+    except (ValueError, IndexError):
+        return None

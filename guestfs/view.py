@@ -86,6 +86,8 @@ def _age_seconds(ctx: RenderContext, up: float) -> float:
 
 
 def _tick_clock(ctx: RenderContext, up: float) -> None:
+    # The counters in the snapshot were read at snap.uptime: pair them with that moment.
+    up = ctx.snap.uptime if ctx.snap.uptime is not None else up
     usage = read_cpu_usage(ctx.snap, ctx.lim, ctx.host)
     clock = ctx.state.clock
     if usage is None:
