@@ -58,12 +58,14 @@ def test_idle_container_reads_idle_with_load_0_and_its_own_age(tmp_path, history
     with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
         if history == "long-lived":
             burn(cg, 2.5, 2)      # 5 CPU-seconds, more than the container's age x 2
-        vmstat, top, loadavg, uptime = guestfs_run(cg, str(tmp_path / "mnt"), [
-            "vmstat 1 3", "top -bn2 -d1 | grep '^%Cpu'", "cat /proc/loadavg",
-            "cat /proc/uptime"])
+        vmstat, top, mpstat, loadavg, uptime = guestfs_run(cg, str(tmp_path / "mnt"), [
+            "vmstat 1 3", "top -bn2 -d1 | grep '^%Cpu'", "LC_ALL=C mpstat 1 1",
+            "cat /proc/loadavg", "cat /proc/uptime"])
     v = vmstat_last(vmstat)
     assert v["id"] >= 80, vmstat          # was 0 (us 63 sy 37) in a long-lived cgroup
     assert top_second_cpu_line(top)["id"] >= 80, top
+    average = next(ln.split() for ln in mpstat.splitlines() if ln.startswith("Average:"))
+    assert float(average[-1]) >= 80, mpstat     # %idle, the last column
     assert float(loadavg.split()[0]) < 0.5, loadavg   # was 1.00: the daemon's own thread
     age, idle = (float(x) for x in uptime.split())
     assert age < 30, uptime               # the container's, not the host's
