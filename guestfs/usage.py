@@ -288,6 +288,31 @@ def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
                         f"creation of {level.directory}")
 
 
+def read_last_pid(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> int | None:
+    """/proc/loadavg's fifth field for a reader in another pid namespace than the daemon's:
+    the newest pid among the container's processes, numbered in their own namespace (the
+    last field of NSpid). ns_last_pid cannot be read for another namespace: the sysctl
+    answers for the reading process's own. None when the reader shares the daemon's pid
+    namespace (the host file is then exact) or nothing is visible."""
+    if not snap.pid.isdigit():
+        return None
+    ns = _ns_link(host, snap.pid)
+    if ns is None or ns == _ns_link(host, "self"):
+        return None
+    found = _process_level(snap, lim)
+    if found is None:
+        return None
+    newest = None
+    for pid in _procs_below(host, found[1].directory):
+        if _ns_link(host, pid) != ns:
+            continue
+        for line in (host.try_read_small(f"/proc/{pid}/status") or "").splitlines():
+            if line.startswith("NSpid:") and line.split()[-1].isdigit():
+                inner = int(line.split()[-1])
+                newest = inner if newest is None else max(newest, inner)
+    return newest
+
+
 # ------------------------------------------------------------------ I/O and pressure
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from guestfs.usage import (
     read_container_age,
     read_cpu_usage,
     read_io,
+    read_last_pid,
     read_pressure,
     read_task_counts,
 )
@@ -122,7 +123,8 @@ def _loadavg(ctx: RenderContext, text: str) -> str:
     if tasks is None:
         return text
     load = ctx.state.load or LoadAverage.single_sample(tasks.running + tasks.blocked)
-    return render_loadavg(text, load, tasks.running, tasks.total)
+    return render_loadavg(text, load, tasks.running, tasks.total,
+                          read_last_pid(ctx.host, ctx.snap, ctx.lim))
 
 
 def _diskstats(ctx: RenderContext, text: str) -> str:

@@ -178,3 +178,30 @@ def test_one_freshness_bound_for_held_and_new_readers(tmp_path):
     before, held, new = (int(x) for x in out.split())
     assert before - held >= 180 * 1024, out     # 200 MiB allocated: MemFree fell
     assert abs(held - new) <= 16 * 1024, out     # both readers agree
+
+
+def test_loadavg_last_pid_is_the_containers(tmp_path):
+    """A reader in its own pid namespace (a container read through a host daemon) gets its
+    namespace's last pid, not the daemon's."""
+    from tests.fusemount import force_unmount, require_fuse
+
+    require_fuse()
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    daemon = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", str(mp)],
+                              stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if (mp / "proc/loadavg").exists():
+                break
+            time.sleep(0.1)
+        with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
+            out = in_cgroup(cg, ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
+                                 f"sleep 30 & true; cat {mp}/proc/loadavg; kill $!"])
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+        force_unmount(str(mp))
+    assert out.returncode == 0, out.stderr
+    last = int(out.stdout.split()[4])
+    assert 1 <= last < 20, out.stdout      # sleep is pid 2 or so there; the host is in the 1000s

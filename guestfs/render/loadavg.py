@@ -43,10 +43,12 @@ def _fmt(x: int) -> str:
     return f"{x >> FSHIFT}.{((x & (FIXED_1 - 1)) * 100) >> FSHIFT:02d}"
 
 
-def render_loadavg(host_text: str, load: LoadAverage, running: int, total: int) -> str:
-    # The last field is the last pid allocated in the reader's pid namespace: the host
-    # file already gives it per namespace.
+def render_loadavg(host_text: str, load: LoadAverage, running: int, total: int,
+                   last_pid: int | None = None) -> str:
+    # The last field is the last pid allocated in the container's pid namespace; without
+    # it, the host file's (the daemon's namespace, right when they share one).
     parts = host_text.split()
-    last_pid = parts[4] if len(parts) >= 5 else "0"
+    if last_pid is None:
+        last_pid = int(parts[4]) if len(parts) >= 5 and parts[4].isdigit() else 0
     a, b, c = (_fmt(x) for x in load.avenrun)
     return f"{a} {b} {c} {max(1, running)}/{max(1, total)} {last_pid}\n"
