@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -75,19 +76,30 @@ def _serves(mp: str) -> bool:
         return False
 
 
+def _read_from_child(path: str, timeout: float = 10.0) -> bytes | None:
+    """``path`` read by a child process. The daemon reads its own mount only this way: a
+    thread of the serving process blocked in a FUSE request to that same process makes it
+    unkillable (kill -9 then leaves a process that never exits and a wedged mount)."""
+    try:
+        out = subprocess.run(["cat", path], capture_output=True, timeout=timeout,
+                             close_fds=True, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
     """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
     procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
     switch the operations to reporting real sizes."""
-    if not wait_until(lambda: _serves(mp), timeout):
+    if not wait_until(lambda: bool(_read_from_child(f"{mp}{PROBE_FILE}")), timeout, 0.05):
         log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
         return
-    try:
-        with open(f"{mp}/proc/uptime", "rb") as f:
-            empty = not f.read()
-    except OSError as e:
-        log.warning("size probe failed: %s", e)
+    data = _read_from_child(f"{mp}/proc/uptime")
+    if data is None:
+        log.warning("size probe failed: %s/proc/uptime could not be read", mp)
         return
+    empty = not data
     if empty:
         ops.sized = True  # type: ignore[attr-defined]
         log.warning("this FUSE client stops reading at the file size even with direct_io "
