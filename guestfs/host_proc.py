@@ -10,6 +10,14 @@ from guestfs.cgroup_files import parse_cpu_list
 from guestfs.hostroot import HostRoot
 
 
+def parse_uptime(text: str) -> float:
+    """/proc/uptime's first field (seconds since boot); ValueError on a malformed file."""
+    parts = text.split()
+    if not parts:
+        raise ValueError("empty /proc/uptime")
+    return float(parts[0])
+
+
 def parse_meminfo(text: str) -> dict[str, int]:
     """/proc/meminfo as ``{name: value}``; values in kB as printed (HugePages_* are counts)."""
     out: dict[str, int] = {}

@@ -53,22 +53,15 @@ class _View:
     lim: EffectiveLimits
     born: float            # time.monotonic() when its cgroup files were read
     incarnation: object    # identity of the container's cgroup directory
+    # The daemon's threads when the view was read: under `guestfs run` they live in the
+    # container's cgroup and must not count as its load or running tasks.
+    own_threads: frozenset[str] = frozenset()
 
 
 @dataclass
 class _Entry:
     state: ViewState = field(default_factory=ViewState)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    incarnation: object = None
-
-    def follow(self, incarnation: object) -> None:
-        """A container re-created at the same cgroup path is a new container: its age and
-        load start again. The CPU clock carries on (re-based on the new cgroup's counters),
-        so a reader that spans the change never sees /proc/stat go backwards."""
-        if incarnation != self.incarnation:
-            self.incarnation = incarnation
-            self.state.age = None
-            self.state.load = None
 
 
 def _lost_hierarchies(last: _View | None, new: _View) -> list[str]:
@@ -141,7 +134,8 @@ class ViewServer:
         born = time.monotonic()
         snap = snapshot_of(self.host, memberships, pid)
         lim = effective_limits(snap, self.config.explicit, self.config.cpu_rounding)
-        return _View(snap, lim, born, container_incarnation(self.host, snap, lim))
+        return _View(snap, lim, born, container_incarnation(self.host, snap, lim),
+                     self._own_threads())
 
     def _view(self, key: str, pid: str) -> _View:
         with self._lock:
@@ -157,7 +151,8 @@ class ViewServer:
                 # fresh times, rather than serve the node's size to the pod.
                 self._count_fallback(f"cgroup data lost ({', '.join(lost)})", key,
                                      "keeping the view's last good limits")
-                view = _View(last.snap, last.lim, view.born, last.incarnation)
+                view = _View(last.snap, last.lim, view.born, last.incarnation,
+                             view.own_threads)
             with self._lock:
                 self._views[key] = view
                 self._last_view[key] = view
@@ -207,11 +202,11 @@ class ViewServer:
             view = self._view(key, used)
             entry = self._entry(key)
             with entry.lock:
-                entry.follow(view.incarnation)
+                entry.state.follow(view.incarnation)
                 if path == "/proc/loadavg" and entry.state.load is None:
                     entry.state.load = self._new_load(view)
                 data = render_file(path, self.host, view.snap, view.lim, entry.state,
-                                   self._own_threads()).encode()
+                                   view.own_threads).encode()
             out = (view.born + self.config.cache_ttl, data)
             with self._lock:
                 if path not in UNCACHED:
@@ -244,7 +239,7 @@ class ViewServer:
     def _new_load(self, view: _View) -> LoadAverage:
         # As the kernel's avenrun: 0 when the container begins, one sample folded in now.
         load = LoadAverage()
-        tasks = read_task_counts(self.host, view.snap, view.lim, self._own_threads())
+        tasks = read_task_counts(self.host, view.snap, view.lim, view.own_threads)
         if tasks is not None:
             load.sample(tasks.running + tasks.blocked)
         return load
@@ -260,7 +255,7 @@ class ViewServer:
                 continue
             try:
                 view = self._view(key, "self")
-                if view.incarnation != entry.incarnation:
+                if view.incarnation != entry.state.incarnation:
                     continue  # re-created since: the next read starts its load at 0
                 tasks = read_task_counts(self.host, view.snap, view.lim, own)
             except (OSError, LookupError, ValueError) as e:

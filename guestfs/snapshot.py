@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from guestfs.cgroup_path import leaves_namespace, level_paths, pick_mount
-from guestfs.host_proc import HostInfo, read_host_info
+from guestfs.host_proc import HostInfo, parse_uptime, read_host_info
 from guestfs.hostroot import HostRoot
 from guestfs.mountinfo import CgroupMount, read_cgroup_mounts
 from guestfs.proc_cgroup import CgroupMembership, read_proc_cgroup
@@ -179,15 +179,11 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
     except OSError as e:
         mounts = []
         warnings.append(f"cannot read /proc/self/mountinfo: {e}")
-    uptime = _host_uptime(host)
+    try:
+        uptime: float | None = parse_uptime(host.read_text("/proc/uptime"))
+    except (OSError, ValueError):
+        uptime = None
     hierarchies = {c: read_hierarchy(host, mounts, memberships, c) for c in CONTROLLERS}
     return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings),
                     uptime)
 
-
-def _host_uptime(host: HostRoot) -> float | None:
-    text = host.try_read_text("/proc/uptime")
-    try:
-        return float(text.split()[0]) if text else None
-    except (ValueError, IndexError):
-        return None

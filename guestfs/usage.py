@@ -7,7 +7,6 @@ slice when the quota sits there), so the numbers a tool divides match the limit 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -56,9 +55,6 @@ class CpuUsage:
     user_usec: int
     system_usec: int
     file: str
-    # Which cgroup this counter belongs to (its directory's inode): a cgroup removed and
-    # created again at the same path is another clock (render/stat.py re-bases on it).
-    incarnation: object = None
 
 
 def parse_cpuacct_usage_all(text: str) -> tuple[int, int]:
@@ -72,23 +68,11 @@ def parse_cpuacct_usage_all(text: str) -> tuple[int, int]:
     return user // 1000, system // 1000
 
 
-def _incarnation(host: HostRoot | None, level: Level) -> object:
-    if host is None:
-        return level.directory
-    try:
-        st = os.stat(host.path(level.directory))
-    except OSError:
-        return level.directory
-    return (level.directory, st.st_dev, st.st_ino)
-
-
-def read_cpu_usage(snap: Snapshot, lim: EffectiveLimits,
-                   host: HostRoot | None = None) -> CpuUsage | None:
+def read_cpu_usage(snap: Snapshot, lim: EffectiveLimits) -> CpuUsage | None:
     h = snap.hierarchies["cpuacct"]
     level = level_for(h, cpu_cgroup(lim))
     if level is None:
         return None
-    inc = _incarnation(host, level)
     if h.version == 2:
         text = level.files.get("cpu.stat")
         if text is None:
@@ -96,19 +80,19 @@ def read_cpu_usage(snap: Snapshot, lim: EffectiveLimits,
         st = parse_flat_keyed(text)
         if "user_usec" not in st or "system_usec" not in st:
             return None
-        return CpuUsage(st["user_usec"], st["system_usec"], level.file_path("cpu.stat"), inc)
+        return CpuUsage(st["user_usec"], st["system_usec"], level.file_path("cpu.stat"))
     text = level.files.get("cpuacct.usage_all")
     if text:
         try:
             user, system = parse_cpuacct_usage_all(text)
-            return CpuUsage(user, system, level.file_path("cpuacct.usage_all"), inc)
+            return CpuUsage(user, system, level.file_path("cpuacct.usage_all"))
         except ValueError:
             pass
     st = parse_flat_keyed(level.files.get("cpuacct.stat") or "")
     if "user" in st and "system" in st:
         # cpuacct.stat counts USER_HZ ticks.
         return CpuUsage(st["user"] * 1_000_000 // USER_HZ, st["system"] * 1_000_000 // USER_HZ,
-                        level.file_path("cpuacct.stat"), inc)
+                        level.file_path("cpuacct.stat"))
     return None
 
 
@@ -121,19 +105,19 @@ class TaskCounts:
     total: int       # all threads
 
 
-def _thread_ids(host: HostRoot, directory: str, version: int) -> list[str]:
-    name = "cgroup.threads" if version == 2 else "tasks"
-    tids: list[str] = []
-    top = host.path(directory)
-    for dirpath, _dirs, files in os.walk(top):
+def _ids_below(host: HostRoot, directory: str, name: str) -> list[str]:
+    """The ids listed in file ``name`` (cgroup.procs, cgroup.threads, tasks) of
+    ``directory`` and every cgroup below it."""
+    ids: list[str] = []
+    for dirpath, _dirs, files in os.walk(host.path(directory)):
         if name not in files:
             continue
         try:
             with open(os.path.join(dirpath, name)) as f:
-                tids += f.read().split()
+                ids += f.read().split()
         except OSError:
             continue
-    return tids
+    return ids
 
 
 def stat_fields(stat_text: str) -> list[str]:
@@ -158,7 +142,14 @@ def container_incarnation(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) 
     """Identity of the container's cgroup directory (where its processes are listed): a
     cgroup removed and created again at the same path gets another inode."""
     found = _process_level(snap, lim)
-    return None if found is None else _incarnation(host, found[1])
+    if found is None:
+        return None
+    directory = found[1].directory
+    try:
+        st = os.stat(host.path(directory))
+    except OSError:
+        return directory
+    return (directory, st.st_dev, st.st_ino)
 
 
 def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
@@ -170,7 +161,8 @@ def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
         return None
     h, level = found
     running = blocked = total = 0
-    for tid in _thread_ids(host, level.directory, h.version):
+    for tid in _ids_below(host, level.directory,
+                          "cgroup.threads" if h.version == 2 else "tasks"):
         if tid in exclude:
             continue
         text = host.try_read_text(f"/proc/{tid}/stat")
@@ -249,15 +241,6 @@ def _member_of(host: HostRoot, pid: str, h: Hierarchy, level: Level) -> bool:
     return False
 
 
-def _procs_below(host: HostRoot, directory: str) -> list[str]:
-    pids: list[str] = []
-    for dirpath, _dirs, files in os.walk(host.path(directory)):
-        if "cgroup.procs" in files:
-            with contextlib.suppress(OSError), open(os.path.join(dirpath, "cgroup.procs")) as f:
-                pids += f.read().split()
-    return pids
-
-
 def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
                        host_uptime: float, tck: int | None = None) -> ContainerAge | None:
     """When the container began, from the first source that belongs to it:
@@ -276,7 +259,7 @@ def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
     if found is None:
         return None
     level = found[1]
-    starts = [s for pid in _procs_below(host, level.directory)
+    starts = [s for pid in _ids_below(host, level.directory, "cgroup.procs")
               if (s := _starttime_ticks(host, pid)) is not None]
     if starts:
         return ContainerAge(min(starts) / tck, f"oldest process below {level.directory}")
@@ -303,7 +286,7 @@ def read_last_pid(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> int |
     if found is None:
         return None
     newest = None
-    for pid in _procs_below(host, found[1].directory):
+    for pid in _ids_below(host, found[1].directory, "cgroup.procs"):
         if _ns_link(host, pid) != ns:
             continue
         for line in (host.try_read_small(f"/proc/{pid}/status") or "").splitlines():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from guestfs.host_proc import parse_uptime
 from guestfs.hostroot import HostRoot
 from guestfs.limits import EffectiveLimits
 from guestfs.render.cpu import cpus_limited, render_cpu_list, render_cpuinfo
@@ -58,6 +59,16 @@ class ViewState:
     clock: CpuClock = field(default_factory=CpuClock)
     load: LoadAverage | None = None
     age: ContainerAge | None = None
+    incarnation: object = None     # identity of the container's cgroup (set by the daemon)
+
+    def follow(self, incarnation: object) -> None:
+        """A container re-created at the same cgroup path is a new container: its age and
+        load start again. The CPU clock carries on (it re-bases on the change), so a
+        reader that spans it never sees /proc/stat go backwards."""
+        if incarnation != self.incarnation:
+            self.incarnation = incarnation
+            self.age = None
+            self.load = None
 
 
 def any_limit(lim: EffectiveLimits) -> bool:
@@ -66,7 +77,7 @@ def any_limit(lim: EffectiveLimits) -> bool:
 
 
 def host_uptime(host: HostRoot) -> float:
-    return float(host.read_text("/proc/uptime").split()[0])
+    return parse_uptime(host.read_text("/proc/uptime"))
 
 
 @dataclass(frozen=True)
@@ -86,23 +97,25 @@ def _age_seconds(ctx: RenderContext, up: float) -> float:
     return ctx.state.age.seconds(up) if ctx.state.age is not None else up
 
 
-def _tick_clock(ctx: RenderContext, up: float) -> None:
-    # The counters in the snapshot were read at snap.uptime: pair them with that moment.
-    up = ctx.snap.uptime if ctx.snap.uptime is not None else up
-    usage = read_cpu_usage(ctx.snap, ctx.lim, ctx.host)
+def _tick_clock(ctx: RenderContext) -> None:
+    # The counters in the snapshot were read at snap.uptime: pair them with that moment,
+    # not with the render time.
+    up = ctx.snap.uptime if ctx.snap.uptime is not None else host_uptime(ctx.host)
+    usage = read_cpu_usage(ctx.snap, ctx.lim)
     clock = ctx.state.clock
     if usage is None:
         # No readable CPU counter (a missing or corrupt cpu.stat): hold busy where it was
         # and let idle advance, so the file keeps the view's CPU count and its shape.
-        usage = CpuUsage(*clock.busy, "held", clock.incarnation)
-    clock.advance(usage, ctx.lim.cpu_count.value, up, _age_seconds(ctx, up))
+        usage = CpuUsage(*clock.busy, "held")
+    clock.advance(usage, ctx.lim.cpu_count.value, up, _age_seconds(ctx, up),
+                  ctx.state.incarnation)
 
 
 def _stat(ctx: RenderContext, text: str) -> str:
     lim = ctx.lim
     if not (cpus_limited(lim) or lim.cpu_quota.limited):
         return text
-    _tick_clock(ctx, host_uptime(ctx.host))
+    _tick_clock(ctx)
     tasks = read_task_counts(ctx.host, ctx.snap, lim, ctx.exclude)
     return render_stat(text, lim.cpu_count.value, ctx.state.clock, tasks)
 
@@ -110,9 +123,8 @@ def _stat(ctx: RenderContext, text: str) -> str:
 def _uptime(ctx: RenderContext, text: str) -> str:
     if not any_limit(ctx.lim):
         return text
-    up = float(text.split()[0])
-    age = _age_seconds(ctx, up)
-    _tick_clock(ctx, up)
+    age = _age_seconds(ctx, parse_uptime(text))
+    _tick_clock(ctx)
     return render_uptime(age, ctx.state.clock.idle_seconds)
 
 

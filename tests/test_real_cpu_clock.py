@@ -6,12 +6,12 @@ restart, a systemd unit, a CI job)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
 import pytest
 
+from tests.fusemount import force_unmount, mounted
 from tests.realcg import RealCgroup, v1_cgroup
 from tests.test_real_run import guestfs_run, in_cgroup
 
@@ -86,33 +86,17 @@ def test_busy_loop_reads_its_share_of_a_two_cpu_view(tmp_path):
 def test_recreated_cgroup_gets_a_clock_of_its_own(tmp_path):
     """One daemon (pinned to a cgroup path) serving while the cgroup is removed and made
     again: the new one's busy loop shows up in /proc/stat (it froze before)."""
-    from tests.fusemount import force_unmount, require_fuse
-
-    require_fuse()
     mp = tmp_path / "mnt"
-    mp.mkdir()
-    with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
-        path = cg.paths["cpu"]
-        daemon = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", str(mp),
-                                   "--cgroup", path, "--cache-ttl", "0.1"],
-                                  stderr=subprocess.DEVNULL)
-        try:
-            for _ in range(100):
-                if (mp / "proc/stat").exists():
-                    break
-                time.sleep(0.1)
-            burn(cg, 2.0, 1)
-            before = (mp / "proc/stat").read_text().split("\n")[0].split()
-            recreate_cpu(cg)   # removed and made again at the same path, same limits
-            time.sleep(0.3)
-            (mp / "proc/stat").read_text()      # the new incarnation's first reading
-            burn(cg, 1.5, 1)
-            time.sleep(0.3)
-            after = (mp / "proc/stat").read_text().split("\n")[0].split()
-        finally:
-            daemon.terminate()
-            daemon.wait(10)
-            force_unmount(str(mp))
+    with (v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg,
+          mounted(str(mp), "--cgroup", cg.paths["cpu"], "--cache-ttl", "0.1")):
+        burn(cg, 2.0, 1)
+        before = (mp / "proc/stat").read_text().split("\n")[0].split()
+        recreate_cpu(cg)   # removed and made again at the same path, same limits
+        time.sleep(0.3)
+        (mp / "proc/stat").read_text()      # the new incarnation's first reading
+        burn(cg, 1.5, 1)
+        time.sleep(0.3)
+        after = (mp / "proc/stat").read_text().split("\n")[0].split()
     busy = lambda f: int(f[1]) + int(f[3])  # noqa: E731 - user + system ticks
     assert busy(before) >= 150
     assert busy(after) - busy(before) >= 100, (before, after)  # 1.5 s burnt: 150 ticks
@@ -143,7 +127,6 @@ def test_psi_trigger_works_under_run_and_is_refused_with_bind_pressure(tmp_path)
         res = in_cgroup(cg, [sys.executable, "-m", "guestfs", "run", "--bind-pressure",
                              "--mountpoint", str(tmp_path / "mnt2"), "--", "sh", "-c",
                              script])
-        from tests.fusemount import force_unmount
         force_unmount(str(tmp_path / "mnt2"))
     assert "Read-only file system" in res.stdout, res.stdout + res.stderr
 
@@ -183,25 +166,10 @@ def test_one_freshness_bound_for_held_and_new_readers(tmp_path):
 def test_loadavg_last_pid_is_the_containers(tmp_path):
     """A reader in its own pid namespace (a container read through a host daemon) gets its
     namespace's last pid, not the daemon's."""
-    from tests.fusemount import force_unmount, require_fuse
-
-    require_fuse()
     mp = tmp_path / "mnt"
-    mp.mkdir()
-    daemon = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", str(mp)],
-                              stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            if (mp / "proc/loadavg").exists():
-                break
-            time.sleep(0.1)
-        with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
-            out = in_cgroup(cg, ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
-                                 f"sleep 30 & true; cat {mp}/proc/loadavg; kill $!"])
-    finally:
-        daemon.terminate()
-        daemon.wait(10)
-        force_unmount(str(mp))
+    with mounted(str(mp)), v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg:
+        out = in_cgroup(cg, ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
+                             f"sleep 30 & true; cat {mp}/proc/loadavg; kill $!"])
     assert out.returncode == 0, out.stderr
     last = int(out.stdout.split()[4])
     assert 1 <= last < 20, out.stdout      # sleep is pid 2 or so there; the host is in the 1000s

@@ -84,11 +84,11 @@ def test_stat_counters_are_monotonic_whatever_the_cgroup_does(start, steps):
     user = system = start
     now, inc = 100.0, 0
     prev: dict[str, list[int]] = {}
-    clock.advance(CpuUsage(user, system, "cpu.stat", inc), 2, now, 100.0)
+    clock.advance(CpuUsage(user, system, "cpu.stat"), 2, now, 100.0, inc)
     for du, ds, dt, n, recreate in steps:
         user, system, now = max(0, user + du), max(0, system + ds), now + dt
         inc += recreate
-        clock.advance(CpuUsage(user, system, "cpu.stat", inc), n, now, 100.0)
+        clock.advance(CpuUsage(user, system, "cpu.stat"), n, now, 100.0, inc)
         lines = cpu_lines(n, clock)
         for name, fields in lines:
             assert all(f >= 0 for f in fields)
@@ -102,10 +102,10 @@ def test_long_lived_cgroup_idle_container_reads_idle():
     # 2 CPUs; the cgroup burnt 500 s before a container that is 100 s old: more than
     # 2 x 100 s, so the clock starts "since the view began": busy 0, idle 200 s.
     clock = CpuClock()
-    clock.advance(CpuUsage(400_000_000, 100_000_000, "cpu.stat", "a"), 2, 1000.0, 100.0)
+    clock.advance(CpuUsage(400_000_000, 100_000_000, "cpu.stat"), 2, 1000.0, 100.0, "a")
     assert cpu_lines(2, clock)[0][1][:4] == [0, 0, 0, 20000]
     # 10 s later, 0.2 s more CPU (an idle pod): idle grows by 2 x 10 - 0.2 = 19.8 s.
-    clock.advance(CpuUsage(400_100_000, 100_100_000, "cpu.stat", "a"), 2, 1010.0, 110.0)
+    clock.advance(CpuUsage(400_100_000, 100_100_000, "cpu.stat"), 2, 1010.0, 110.0, "a")
     total = cpu_lines(2, clock)[0][1]
     assert total[:4] == [10, 0, 10, 20000 + 1980]
     assert cpu_lines(2, clock)[1][1][:4] == [5, 0, 5, 10000 + 990]
@@ -114,8 +114,8 @@ def test_long_lived_cgroup_idle_container_reads_idle():
 def test_busy_loop_reads_its_share_of_the_view():
     # 1 busy thread in a 2-CPU view for 10 s: busy +10 s, idle +10 s: top shows 50 %.
     clock = CpuClock()
-    clock.advance(CpuUsage(0, 0, "cpu.stat", "a"), 2, 50.0, 0.0)
-    clock.advance(CpuUsage(9_000_000, 1_000_000, "cpu.stat", "a"), 2, 60.0, 10.0)
+    clock.advance(CpuUsage(0, 0, "cpu.stat"), 2, 50.0, 0.0, "a")
+    clock.advance(CpuUsage(9_000_000, 1_000_000, "cpu.stat"), 2, 60.0, 10.0, "a")
     user, _, system, idle = cpu_lines(2, clock)[0][1][:4]
     assert (user, system, idle) == (900, 100, 1000)
 
@@ -124,10 +124,10 @@ def test_recreated_cgroup_rebases_instead_of_freezing():
     # The old cgroup had burnt 100 s; a new one at the same path starts at 0 and burns
     # 2 s in the next 2 s: the served busy time moves by 2 s (not 0, as with a max()).
     clock = CpuClock()
-    clock.advance(CpuUsage(100_000_000, 0, "cpu.stat", "old"), 1, 500.0, 400.0)
+    clock.advance(CpuUsage(100_000_000, 0, "cpu.stat"), 1, 500.0, 400.0, "old")
     before = cpu_lines(1, clock)[0][1]
-    clock.advance(CpuUsage(0, 0, "cpu.stat", "new"), 1, 501.0, 401.0)
-    clock.advance(CpuUsage(2_000_000, 0, "cpu.stat", "new"), 1, 503.0, 403.0)
+    clock.advance(CpuUsage(0, 0, "cpu.stat"), 1, 501.0, 401.0, "new")
+    clock.advance(CpuUsage(2_000_000, 0, "cpu.stat"), 1, 503.0, 403.0, "new")
     after = cpu_lines(1, clock)[0][1]
     assert after[0] - before[0] == 200
     assert after[3] - before[3] == 100  # the second in which it was re-created

@@ -49,7 +49,11 @@ class CpuClock:
     per_cpu: dict[int, list[int]] = field(default_factory=dict)
     started: bool = False
 
-    def advance(self, usage: CpuUsage, n: int, now: float, age: float) -> None:
+    def advance(self, usage: CpuUsage, n: int, now: float, age: float,
+                incarnation: object = None) -> None:
+        """Fold in one reading: the cgroup's counters at host uptime ``now``, the
+        container's ``age`` (used by the first reading only) and the identity of the
+        container's cgroup (a change re-bases the deltas)."""
         n = max(1, n)
         user, system = usage.user_usec, usage.system_usec
         if not self.started:
@@ -61,7 +65,7 @@ class CpuClock:
             self.started = True
         else:
             backwards = user < self.busy[0] or system < self.busy[1]
-            if usage.incarnation != self.incarnation or backwards:
+            if incarnation != self.incarnation or backwards:
                 du = ds = 0  # a new cgroup at the same path: its deltas start here
             else:
                 du, ds = user - self.busy[0], system - self.busy[1]
@@ -75,7 +79,7 @@ class CpuClock:
                 f[0] += cu
                 f[1] += cs
                 f[2] += max(0, round(dt * _US) - cu - cs)
-        self.incarnation = usage.incarnation
+        self.incarnation = incarnation
         self.now = now
         self.busy = (user, system)
 
