@@ -80,9 +80,12 @@ def _read_from_child(path: str, timeout: float = 10.0) -> bytes | None:
     """``path`` read by a child process. The daemon reads its own mount only this way: a
     thread of the serving process blocked in a FUSE request to that same process makes it
     unkillable (kill -9 then leaves a process that never exits and a wedged mount)."""
+    # Our own interpreter by absolute path, isolated (-I: no cwd or user site on sys.path),
+    # never a `cat` looked up in a PATH that may hold the working directory.
+    reader = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
     try:
-        out = subprocess.run(["cat", path], capture_output=True, timeout=timeout,
-                             close_fds=True, check=False)
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", reader, path],
+                             capture_output=True, timeout=timeout, close_fds=True, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
