@@ -31,9 +31,10 @@ log = logging.getLogger("guestfs.server")
 VIEWS = ("caller", "init", "self")
 DEFAULT_VIEW = "caller"
 DEFAULT_CACHE_TTL = 0.5
-# Rendered afresh on every read: its first field is wall time, and top divides process
-# CPU ticks by its deltas.
-UNCACHED = frozenset({"/proc/uptime"})
+# Rendered afresh on every read, with the CPU counters read at that moment: uptime's first
+# field is wall time, top divides process CPU ticks by its deltas, and /proc/stat feeds
+# rates (vmstat, mpstat, a Prometheus rate()) that a TTL-old counter pushes past 100 %.
+UNCACHED = frozenset({"/proc/uptime", "/proc/stat"})
 PINNED = "cgroup:"
 FAST_ENTRIES = 16384
 

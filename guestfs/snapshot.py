@@ -7,7 +7,7 @@ what is collected here, so fixtures and the real machine go through the same cod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from guestfs.cgroup_path import leaves_namespace, level_paths, pick_mount
@@ -187,3 +187,25 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
     return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings),
                     uptime)
 
+
+
+def with_fresh_cpu_usage(host: HostRoot, snap: Snapshot, cgroup: str | None) -> Snapshot:
+    """``snap`` with the CPU counters of level ``cgroup`` (else the leaf) read again now,
+    and the host uptime they pair with. /proc/stat feeds rates (top, vmstat, a Prometheus
+    ``rate()``): counters up to a cache TTL old, set against the reader's clock, read as
+    more than 100 % idle. Only these few files are re-read; the limits stay cached."""
+    h = snap.hierarchies.get("cpuacct")
+    if h is None or not h.levels:
+        return snap
+    index = next((i for i, lv in enumerate(h.levels) if lv.cgroup == cgroup), 0)
+    level = h.levels[index]
+    try:
+        uptime: float | None = parse_uptime(host.read_text("/proc/uptime"))
+    except (OSError, ValueError):
+        return snap
+    names = [n for n in CONTROLLER_FILES[("cpuacct", h.version)] if n in level.files]
+    files = {**level.files, **{n: host.try_read_text(level.file_path(n)) for n in names}}
+    levels = list(h.levels)
+    levels[index] = replace(level, files=MappingProxyType(files))
+    hierarchies = {**snap.hierarchies, "cpuacct": replace(h, levels=tuple(levels))}
+    return replace(snap, hierarchies=MappingProxyType(hierarchies), uptime=uptime)

@@ -18,10 +18,11 @@ from guestfs.render.loadavg import LoadAverage, render_loadavg
 from guestfs.render.meminfo import memory_limited, render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, render_stat
 from guestfs.render.uptime import render_uptime
-from guestfs.snapshot import Snapshot
+from guestfs.snapshot import Snapshot, with_fresh_cpu_usage
 from guestfs.usage import (
     ContainerAge,
     CpuUsage,
+    cpu_cgroup,
     read_container_age,
     read_cpu_usage,
     read_io,
@@ -98,10 +99,11 @@ def _age_seconds(ctx: RenderContext, up: float) -> float:
 
 
 def _tick_clock(ctx: RenderContext) -> None:
-    # The counters in the snapshot were read at snap.uptime: pair them with that moment,
-    # not with the render time.
-    up = ctx.snap.uptime if ctx.snap.uptime is not None else host_uptime(ctx.host)
-    usage = read_cpu_usage(ctx.snap, ctx.lim)
+    # The counters are read again now (the view's snapshot may be a TTL old) and paired
+    # with the uptime read just before them, not with the render time.
+    snap = with_fresh_cpu_usage(ctx.host, ctx.snap, cpu_cgroup(ctx.lim))
+    up = snap.uptime if snap.uptime is not None else host_uptime(ctx.host)
+    usage = read_cpu_usage(snap, ctx.lim)
     clock = ctx.state.clock
     if usage is None:
         # No readable CPU counter (a missing or corrupt cpu.stat): hold busy where it was

@@ -134,3 +134,19 @@ def test_no_cgroup_in_sight_gvisor_style(copy_fixture):
     assert got["MemTotal"] == 6 * 1024 * 1024
     assert got["MemFree"] == 6 * 1024 * 1024 - host_used
     assert got["Cached"] == 4704368             # the host's Cached, as a v2 "file"
+
+
+def test_stat_reads_cpu_counters_now_within_the_cache_ttl(copy_fixture):
+    """Rates from /proc/stat (vmstat, a Prometheus rate()) need counters of the moment of
+    the read: a 60 s cache of the limits must not hold the CPU counters back."""
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    pod = next((root / "sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice").glob("*pod*"))
+    srv, _ = server(root, cache_ttl=60)
+    busy = lambda: sum(int(x) for x in  # noqa: E731 - user + system ticks of the cpu line
+                       srv.render("/proc/stat", 7).split(b"\n")[0].split()[1:4:2])
+    before = busy()
+    stat = dict(line.split() for line in (pod / "cpu.stat").read_text().splitlines())
+    user = int(stat["user_usec"]) + 1_500_000      # 1.5 s more user time: 150 ticks
+    (pod / "cpu.stat").write_text("".join(
+        f"{k} {user if k == 'user_usec' else v}\n" for k, v in stat.items()))
+    assert busy() - before == 150
