@@ -7,7 +7,9 @@ Run as root on a cgroup v1 (or hybrid) host with lxcfs installed (.ci/setup). It
 v1 cgroup (512 MiB, quota 150000/100000), starts LXCFS and guestfs on mountpoints of their
 own (both daemons outside the cgroup, as when LXCFS runs on the host), and from inside the
 cgroup times open+read+close of /proc/{meminfo,cpuinfo,stat} through each, with 1 and 4
-concurrent readers; then `free -m` invocations per second with each one's meminfo bound
+concurrent readers (`--files` picks others, e.g. uptime,loadavg; `--idle-procs N` first starts
+N sleeping processes outside the cgroup, to show a file's cost does not grow with the number
+of processes on the host); then `free -m` invocations per second with each one's meminfo bound
 over /proc/meminfo; then each daemon's RSS. Ratios are within one run, never across runs:
 the machine is shared and noisy. Everything it starts is removed on exit.
 """
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -80,6 +83,17 @@ def free_rate(meminfo: str | None, n: int) -> float:
     return float(out.stdout)
 
 
+@contextlib.contextmanager
+def sleeping(n: int) -> Iterator[None]:
+    procs = [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def enter(dirs: dict[str, str]) -> None:
     for d in dirs.values():
         with open(f"{d}/cgroup.procs", "w") as f:
@@ -98,19 +112,26 @@ def main() -> int:
     ap.add_argument("--free", type=int, default=300, help="free -m runs per target")
     ap.add_argument("--binding", default="auto", help="guestfs --fuse-binding")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
+    ap.add_argument("--files", default=",".join(FILES),
+                    help=f"files under /proc to time (default {','.join(FILES)})")
+    ap.add_argument("--idle-procs", type=int, default=0, metavar="N",
+                    help="sleeping processes to start on the host first (default 0)")
     a = ap.parse_args()
-    results: dict[str, object] = {"binding": a.binding, "ops": a.ops}
+    files = tuple(a.files.split(","))
+    results: dict[str, object] = {"binding": a.binding, "ops": a.ops,
+                                  "idle_procs": a.idle_procs}
     with tempfile.TemporaryDirectory(prefix="guestfs-bench-") as tmp, \
             lxcfs_mounted(f"{tmp}/lxcfs", f"{tmp}/lxcfs.pid") as lx, \
             mounted(f"{tmp}/guestfs", "--fuse-binding", a.binding,
                     log=f"{tmp}/guestfs.log") as gf, \
-            v1_cgroup(512 << 20, 150000, 100000) as cg:
+            v1_cgroup(512 << 20, 150000, 100000) as cg, \
+            sleeping(a.idle_procs):
         targets = {"kernel": "/proc", "lxcfs": f"{tmp}/lxcfs/proc",
                    "guestfs": f"{tmp}/guestfs/proc"}
         enter(cg.dirs)
         try:
             reads: dict[str, dict[str, object]] = {}
-            for f in FILES:
+            for f in files:
                 for readers in (1, 4):
                     for name, base in targets.items():
                         measure(f"{base}/{f}", min(200, a.ops), readers)  # warm up
@@ -131,7 +152,7 @@ def main() -> int:
         results["rss_bytes"] = rss
         results["guestfs_log"] = Path(f"{tmp}/guestfs.log").read_text().splitlines()[:1]
     ratios = {}
-    for f in FILES:
+    for f in files:
         for readers in (1, 4):
             g, x = reads[f"{f} x{readers} guestfs"], reads[f"{f} x{readers} lxcfs"]
             ratios[f"{f} x{readers}"] = {k: g[k] / x[k] for k in ("p50_us", "p99_us",

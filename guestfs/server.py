@@ -204,7 +204,10 @@ class ViewServer:
             entry = self._entry(key)
             with entry.lock:
                 entry.state.follow(view.incarnation)
-                if path == "/proc/loadavg" and entry.state.load is None:
+                if entry.state.load is None:
+                    # The container's load begins when it is first served (under `run`
+                    # that is its start), not at its first read of /proc/loadavg: a
+                    # monitor that looks after a minute of work must see that minute.
                     entry.state.load = self._new_load(view)
                 data = render_file(path, self.host, view.snap, view.lim, entry.state,
                                    view.own_threads).encode()

@@ -189,6 +189,10 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
 
 
 
+# The CPU counter files in the order usage.read_cpu_usage prefers them.
+CPU_USAGE_FILES = {2: ("cpu.stat",), 1: ("cpuacct.usage_all", "cpuacct.stat")}
+
+
 def with_fresh_cpu_usage(host: HostRoot, snap: Snapshot, cgroup: str | None) -> Snapshot:
     """``snap`` with the CPU counters of level ``cgroup`` (else the leaf) read again now,
     and the host uptime they pair with. /proc/stat feeds rates (top, vmstat, a Prometheus
@@ -203,8 +207,11 @@ def with_fresh_cpu_usage(host: HostRoot, snap: Snapshot, cgroup: str | None) -> 
         uptime: float | None = parse_uptime(host.read_text("/proc/uptime"))
     except (OSError, ValueError):
         return snap
-    names = [n for n in CONTROLLER_FILES[("cpuacct", h.version)] if n in level.files]
-    files = {**level.files, **{n: host.try_read_text(level.file_path(n)) for n in names}}
+    # The first counter file the snapshot had is the one usage.read_cpu_usage takes.
+    name = next((n for n in CPU_USAGE_FILES[h.version] if level.files.get(n)), None)
+    if name is None:
+        return snap
+    files = {**level.files, name: host.try_read_text(level.file_path(name))}
     levels = list(h.levels)
     levels[index] = replace(level, files=MappingProxyType(files))
     hierarchies = {**snap.hierarchies, "cpuacct": replace(h, levels=tuple(levels))}

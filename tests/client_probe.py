@@ -29,14 +29,14 @@ def sh(cmd: str, timeout: float = 30) -> str:
                           timeout=timeout, check=True).stdout
 
 
-def vmstat() -> dict[str, float]:
+def vmstat() -> dict[str, object]:
     lines = [ln.split() for ln in sh("vmstat 1 2").splitlines() if ln.strip()]
     header = next(ln for ln in lines if "id" in ln and "us" in ln)
     row = dict(zip(header, map(int, lines[-1]), strict=True))
     return {"idle": row["id"], "busy": row["us"] + row["sy"]}
 
 
-def top() -> dict[str, float]:
+def top() -> dict[str, object]:
     out = sh("top -bn2 -d1")
     line = [ln for ln in out.splitlines() if ln.startswith("%Cpu(s)")][-1]
     parts = line.split(":", 1)[1].replace(",", " ").split()
@@ -47,13 +47,13 @@ def top() -> dict[str, float]:
             "mem_total_mib": float(mem.group(1)) if mem else -1}
 
 
-def mpstat() -> dict[str, float]:
+def mpstat() -> dict[str, object]:
     average = next(ln.split() for ln in sh("mpstat 1 1").splitlines()
                    if ln.startswith("Average:"))
     return {"idle": float(average[-1])}
 
 
-def uptime_cmd() -> dict[str, float]:
+def uptime_cmd() -> dict[str, object]:
     out = sh("uptime")
     load = re.search(r"load average: ([\d.]+)", out)
     return {"load1": float(load.group(1)) if load else -1}
@@ -80,7 +80,10 @@ def htop() -> dict[str, object]:
     env = f"HOME={home} XDG_CONFIG_HOME={home} TERM=xterm"
     try:
         sh(f"tmux -L {sock} new-session -d -x 200 -y 50 '{env} htop -d 10'")
-        time.sleep(3.5)
+        time.sleep(2)
+        TRUE.begin()         # the meters on the screen show the last refresh interval
+        time.sleep(1.5)
+        true = TRUE.share()
         screen = sh(f"tmux -L {sock} capture-pane -p")
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
@@ -91,7 +94,8 @@ def htop() -> dict[str, object]:
     return {"cpus": len(cpus), "busy": sum(cpus) / len(cpus) if cpus else -1,
             "load1": float(load.group(1)) if load else -1,
             "uptime": _htop_seconds(screen),
-            "mem_total_mib": _mib(mem.group(2)) if mem else -1, "screen": screen}
+            "mem_total_mib": _mib(mem.group(2)) if mem else -1, "screen": screen,
+            "true_busy": true}
 
 
 NODE = r"""
@@ -153,6 +157,7 @@ def node_exporter() -> dict[str, object]:
         while True:
             try:
                 first, t1 = _scrape(url), time.monotonic()
+                TRUE.begin()
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
@@ -160,6 +165,7 @@ def node_exporter() -> dict[str, object]:
                 time.sleep(0.1)
         time.sleep(2)
         second, t2 = _scrape(url), time.monotonic()
+        true = TRUE.share()
     finally:
         proc.terminate()
         proc.wait(10)
@@ -171,15 +177,49 @@ def node_exporter() -> dict[str, object]:
     return {"cpus": len(idle_keys),
             "idle": 100 * idle / ((t2 - t1) * len(idle_keys)) if idle_keys else -1,
             "mem_total": second.get("node_memory_MemTotal_bytes", -1),
-            "load1": second.get("node_load1", -1), "collectors": collectors}
+            "load1": second.get("node_load1", -1), "collectors": collectors,
+            "true_busy": true}
 
 
-def proc_files() -> dict[str, float]:
+def proc_files() -> dict[str, object]:
     with open("/proc/uptime") as f:
         age = float(f.read().split()[0])
     with open("/proc/loadavg") as f:
         load1 = float(f.read().split()[0])
     return {"uptime": age, "load1": load1}
+
+
+class TrueShare:
+    """The container's real busy share (its cgroup's CPU counter over wall time and the
+    view's N CPUs) while a client measures: on a shared machine the busy loop gets less
+    than a whole CPU when others run, and a client is right when it matches this."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get("GUESTFS_PROBE_USAGE")
+        self.cpus = int(os.environ.get("GUESTFS_PROBE_CPUS", "1"))
+        self.start: tuple[float, float] | None = None
+
+    def _read(self) -> tuple[float, float]:
+        assert self.path is not None
+        with open(self.path) as f:
+            text = f.read()
+        if self.path.endswith("cpu.stat"):       # v2: usage_usec
+            usec = dict(ln.split() for ln in text.splitlines())["usage_usec"]
+            return time.monotonic(), int(usec) / 1e6
+        return time.monotonic(), int(text) / 1e9  # v1 cpuacct.usage: ns
+
+    def begin(self) -> None:
+        self.start = self._read() if self.path else None
+
+    def share(self) -> float | None:
+        if self.start is None:
+            return None
+        t1, u1 = self._read()
+        t0, u0 = self.start
+        return 100 * (u1 - u0) / ((t1 - t0) * self.cpus)
+
+
+TRUE = TrueShare()
 
 
 CLIENTS = {"vmstat": vmstat, "top": top, "mpstat": mpstat, "uptime": uptime_cmd,
@@ -191,7 +231,10 @@ def main(names: list[str]) -> None:
     result: dict[str, object] = {}
     for name in names or list(CLIENTS):
         try:
-            result[name] = CLIENTS[name]()
+            TRUE.begin()
+            reading = CLIENTS[name]()
+            reading.setdefault("true_busy", TRUE.share())
+            result[name] = reading
         except Exception as e:  # noqa: BLE001 - a failing client is a finding, reported
             result[name] = {"error": f"{type(e).__name__}: {e}"}
     print(json.dumps(result))

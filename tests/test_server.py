@@ -150,3 +150,17 @@ def test_stat_reads_cpu_counters_now_within_the_cache_ttl(copy_fixture):
     (pod / "cpu.stat").write_text("".join(
         f"{k} {user if k == 'user_usec' else v}\n" for k, v in stat.items()))
     assert busy() - before == 150
+
+
+def test_load_average_begins_with_the_first_read_of_any_file():
+    """A view first read through meminfo (what `guestfs run` does at start) samples its
+    load from then on: a loadavg read a minute later shows the minute's load."""
+    srv, _ = server(fixture_root("k8s-systemd-v2-burstable"), cache_ttl=0,
+                    explicit=ExplicitLimits())
+    srv.render("/proc/meminfo", 7)
+    for _ in range(12):     # one minute of 5 s samples at a constant 3 active threads
+        srv.sample_loads()
+    # 13 samples as in test_loadavg_state_is_sampled (meminfo's read took the first),
+    # plus none at the loadavg read itself: 3 * (1 - (1884/2048)^13) = 1.99.
+    one = float(srv.render("/proc/loadavg", 7).split()[0])
+    assert 1.95 <= one <= 2.05, one

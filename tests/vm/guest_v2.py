@@ -245,3 +245,36 @@ def test_long_lived_cgroup_reads_idle_under_run():
     assert idle >= 60 and top_idle >= 60, out   # was 0 before the per-view CPU clock
     assert load < 0.6, out                       # the daemon's own threads are not counted
     assert age < 60, out
+
+
+def _vmstat_busy_idle(text: str) -> tuple[int, int]:
+    header = next(ln.split() for ln in text.splitlines() if " id " in f" {ln} ")
+    row = dict(zip(header, map(int, text.strip().splitlines()[-1].split()), strict=True))
+    return row["us"] + row["sy"], row["id"]
+
+
+def test_busy_loop_reads_its_share_under_run_beside_lxcfs():
+    """One busy loop in a long-lived 2-CPU cgroup (cpu.max 200000 100000 on the 4-CPU
+    guest): half of the view is busy in vmstat and top inside `guestfs run`, and no
+    further from that than the same vmstat through LXCFS's /proc/stat."""
+    files = {"guestfs-share.slice": {"cpu.max": "200000 100000", "memory.max": "536870912"}}
+    loop = "while :; do :; done"
+    with cgroup_tree("guestfs-share.slice", files) as d:
+        run_in(d, "sh", "-c", f"sh -c '{loop}' & p1=$!; sh -c '{loop}' & p2=$!; "
+                              "sleep 3; kill $p1 $p2")
+        inner = (f"sh -c '{loop}' & p=$!; sleep 1; vmstat 1 3; echo ====; "
+                 "top -bn2 -d1 | grep '^%Cpu'; kill $p")
+        out = run_in(d, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                     "/run/gfs-share", "--", "sh", "-c", inner)
+        lx = run_in(d, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    f"mount --bind {LXCFS}/proc/stat /proc/stat; sh -c '{loop}' & p=$!; "
+                    "sleep 1; vmstat 1 3; kill $p")
+    vmstat, top = out.split("====\n")
+    busy, idle = _vmstat_busy_idle(vmstat)
+    top_idle = float(top.strip().splitlines()[-1].split(",")[3].split()[0])
+    lx_busy, lx_idle = _vmstat_busy_idle(lx)
+    record("busy_share_under_run", vmstat_busy=busy, vmstat_id=idle, top_id=top_idle,
+           lxcfs_vmstat_busy=lx_busy, lxcfs_vmstat_id=lx_idle)
+    assert 25 <= busy <= 75 and 25 <= idle <= 75, out
+    assert 25 <= top_idle <= 75, out
+    assert abs(busy - 50) <= abs(lx_busy - 50) + 15, (out, lx)
