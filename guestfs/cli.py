@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from guestfs import __version__
-from guestfs.explain import to_json_text, to_text
+from guestfs.daemon_status import format_status, read_status
+from guestfs.explain import json_text, to_json, to_text
 from guestfs.explicit import (
     ExplicitLimitError,
     ExplicitLimits,
@@ -101,7 +102,21 @@ def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
 
 def cmd_explain(args: argparse.Namespace) -> int:
     _, _, lim = compute_limits(args)
-    sys.stdout.write(to_json_text(lim) if args.json else to_text(lim))
+    status = None
+    if args.mount is not None:
+        try:
+            status = read_status(args.mount)
+        except OSError as e:
+            raise CliError(f"--mount {args.mount}: {e}") from e
+    if args.json:
+        doc = to_json(lim)
+        if status is not None:
+            doc["daemon"] = status
+        sys.stdout.write(json_text(doc))
+    else:
+        sys.stdout.write(to_text(lim))
+        if status is not None:
+            sys.stdout.write(format_status(args.mount, status))
     return 0
 
 
@@ -224,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_options(p)
     p.add_argument("--json", action="store_true",
                    help="machine-readable output (keys in docs/explain-json.md)")
+    p.add_argument("--mount", metavar="MOUNTPOINT",
+                   help="also show the fallbacks taken by the daemon serving MOUNTPOINT "
+                        "(bad or vanished cgroup files, failed renders), by cause")
     p.set_defaults(func=cmd_explain)
     p = sub.add_parser("show", help="print a file exactly as guestfs serves it",
                        description="Print FILE (" + ", ".join(SERVED_FILES) + ") as the "

@@ -86,8 +86,8 @@ def to_json(lim: EffectiveLimits) -> dict[str, Any]:
     }
 
 
-def to_json_text(lim: EffectiveLimits) -> str:
-    return json.dumps(to_json(lim), indent=2) + "\n"
+def json_text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def _candidate_line(c: Candidate[Any], fmt: Any) -> str:

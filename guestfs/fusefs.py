@@ -15,6 +15,7 @@ import time
 from types import ModuleType
 from typing import Any
 
+from guestfs.daemon_status import STATUS_PATH
 from guestfs.server import ViewServer
 from guestfs.view import SERVED_FILES
 
@@ -34,7 +35,9 @@ def _tree() -> tuple[dict[str, list[str]], set[str]]:
                 dirs[parent].append(parts[depth - 1])
             if depth < len(parts):
                 dirs.setdefault(child, [])
-    return dirs, set(SERVED_FILES)
+    # The daemon's own status (fallback counts) sits at the root, beside LXCFS's layout.
+    dirs["/"].append(STATUS_PATH.lstrip("/"))
+    return dirs, {*SERVED_FILES, STATUS_PATH}
 
 
 class OpenSnapshots:

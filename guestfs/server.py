@@ -8,6 +8,7 @@ psutil) and the load average the sampler thread feeds every 5 s.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from cachetools import LRUCache, TTLCache
 
+from guestfs.daemon_status import STATUS_PATH
 from guestfs.explicit import ExplicitLimits
 from guestfs.hostroot import HostRoot
 from guestfs.limits import EffectiveLimits, effective_limits
@@ -37,6 +39,7 @@ DEFAULT_CACHE_TTL = 0.5
 UNCACHED = frozenset({"/proc/uptime", "/proc/stat"})
 PINNED = "cgroup:"
 FAST_ENTRIES = 16384
+MAX_CAUSES = 256
 
 
 @dataclass(frozen=True)
@@ -159,10 +162,22 @@ class ViewServer:
                 self._last_view[key] = view
         return view
 
+    def status_json(self) -> bytes:
+        """What `guestfs explain --mount` shows: the fallbacks taken, by cause."""
+        with self._lock:
+            fallbacks = dict(self.fallbacks)
+        return (json.dumps({"pid": os.getpid(), "view": self.config.view,
+                            "cache_ttl": self.config.cache_ttl, "fallback_total": self.errors,
+                            "fallbacks": fallbacks}, indent=1) + "\n").encode()
+
     def _count_fallback(self, cause: str, subject: object, what: str) -> None:
-        self.errors += 1
-        self.fallbacks[cause] += 1
-        if self.fallbacks[cause] == 1:
+        with self._lock:
+            self.errors += 1
+            if cause not in self.fallbacks and len(self.fallbacks) >= MAX_CAUSES:
+                cause = "other causes (past the first 256)"   # a cause can name a pid
+            self.fallbacks[cause] += 1
+            first = self.fallbacks[cause] == 1
+        if first:
             log.warning("%s for %s; %s (logged once per cause)", cause, subject, what)
 
     def _entry(self, key: str) -> _Entry:
@@ -184,6 +199,8 @@ class ViewServer:
         hit = self._fast.get((pid, path))
         if hit is not None and time.monotonic() < hit[0]:
             return hit[1]
+        if path == STATUS_PATH:
+            return self.status_json()
         deadline, data = self._render(path, pid)
         if path not in UNCACHED and self.config.cache_ttl > 0:
             if len(self._fast) > FAST_ENTRIES:

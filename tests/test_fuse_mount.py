@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import signal
@@ -37,7 +38,10 @@ def show(path: str) -> str:
 
 def test_layout_types_and_content(mp, tmp_path):
     with mounted(mp, log=str(tmp_path / "log")):
-        assert sorted(os.listdir(mp)) == ["proc", "sys"]
+        # LXCFS's layout, plus the daemon's status for `explain --mount`.
+        assert sorted(os.listdir(mp)) == [".guestfs-status", "proc", "sys"]
+        status = json.loads(Path(mp, ".guestfs-status").read_text())
+        assert status["fallback_total"] == 0 and status["fallbacks"] == {}
         entries = {e.name: e for e in os.scandir(f"{mp}/proc")}
         assert entries["pressure"].is_dir() and entries["meminfo"].is_file()
         assert {e.name for e in os.scandir(f"{mp}/sys/devices/system/cpu")} == {
