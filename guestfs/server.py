@@ -60,6 +60,8 @@ class _View:
     # The daemon's threads when the view was read: under `guestfs run` they live in the
     # container's cgroup and must not count as its load or running tasks.
     own_threads: frozenset[str] = frozenset()
+    # Readings its renders share while it is cached (the container's thread states).
+    memo: dict[str, object] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -227,7 +229,7 @@ class ViewServer:
                     # monitor that looks after a minute of work must see that minute.
                     entry.state.load = self._new_load(view)
                 data = render_file(path, self.host, view.snap, view.lim, entry.state,
-                                   view.own_threads).encode()
+                                   view.own_threads, view.memo).encode()
             out = (view.born + self.config.cache_ttl, data)
             with self._lock:
                 if path not in UNCACHED:

@@ -7,7 +7,7 @@ what is collected here, so fixtures and the real machine go through the same cod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from guestfs.cgroup_path import leaves_namespace, level_paths, pick_mount
@@ -188,31 +188,3 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
                     uptime)
 
 
-
-# The CPU counter files in the order usage.read_cpu_usage prefers them.
-CPU_USAGE_FILES = {2: ("cpu.stat",), 1: ("cpuacct.usage_all", "cpuacct.stat")}
-
-
-def with_fresh_cpu_usage(host: HostRoot, snap: Snapshot, cgroup: str | None) -> Snapshot:
-    """``snap`` with the CPU counters of level ``cgroup`` (else the leaf) read again now,
-    and the host uptime they pair with. /proc/stat feeds rates (top, vmstat, a Prometheus
-    ``rate()``): counters up to a cache TTL old, set against the reader's clock, read as
-    more than 100 % idle. Only these few files are re-read; the limits stay cached."""
-    h = snap.hierarchies.get("cpuacct")
-    if h is None or not h.levels:
-        return snap
-    index = next((i for i, lv in enumerate(h.levels) if lv.cgroup == cgroup), 0)
-    level = h.levels[index]
-    try:
-        uptime: float | None = parse_uptime(host.read_text("/proc/uptime"))
-    except (OSError, ValueError):
-        return snap
-    # The first counter file the snapshot had is the one usage.read_cpu_usage takes.
-    name = next((n for n in CPU_USAGE_FILES[h.version] if level.files.get(n)), None)
-    if name is None:
-        return snap
-    files = {**level.files, name: host.try_read_text(level.file_path(name))}
-    levels = list(h.levels)
-    levels[index] = replace(level, files=MappingProxyType(files))
-    hierarchies = {**snap.hierarchies, "cpuacct": replace(h, levels=tuple(levels))}
-    return replace(snap, hierarchies=MappingProxyType(hierarchies), uptime=uptime)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from guestfs.cgroup_files import parse_flat_keyed
+from guestfs.host_proc import parse_uptime
 from guestfs.hostroot import HostRoot
 from guestfs.limits import EffectiveLimits
 from guestfs.provenance import CGROUP
@@ -68,32 +69,47 @@ def parse_cpuacct_usage_all(text: str) -> tuple[int, int]:
     return user // 1000, system // 1000
 
 
-def read_cpu_usage(snap: Snapshot, lim: EffectiveLimits) -> CpuUsage | None:
-    h = snap.hierarchies["cpuacct"]
-    level = level_for(h, cpu_cgroup(lim))
-    if level is None:
-        return None
-    if h.version == 2:
-        text = level.files.get("cpu.stat")
+def _cpu_usage(version: int, level: Level, read: Callable[[str], str | None]
+               ) -> CpuUsage | None:
+    if version == 2:
+        text = read("cpu.stat")
         if text is None:
             return None
         st = parse_flat_keyed(text)
         if "user_usec" not in st or "system_usec" not in st:
             return None
         return CpuUsage(st["user_usec"], st["system_usec"], level.file_path("cpu.stat"))
-    text = level.files.get("cpuacct.usage_all")
+    text = read("cpuacct.usage_all")
     if text:
         try:
             user, system = parse_cpuacct_usage_all(text)
             return CpuUsage(user, system, level.file_path("cpuacct.usage_all"))
         except ValueError:
             pass
-    st = parse_flat_keyed(level.files.get("cpuacct.stat") or "")
+    st = parse_flat_keyed(read("cpuacct.stat") or "")
     if "user" in st and "system" in st:
         # cpuacct.stat counts USER_HZ ticks.
         return CpuUsage(st["user"] * 1_000_000 // USER_HZ, st["system"] * 1_000_000 // USER_HZ,
                         level.file_path("cpuacct.stat"))
     return None
+
+
+def read_cpu_usage_now(host: HostRoot, snap: Snapshot, lim: EffectiveLimits
+                       ) -> tuple[float | None, CpuUsage | None]:
+    """(host uptime, the container's CPU time), both read now, the uptime just before.
+    /proc/stat feeds rates (vmstat, a Prometheus ``rate()``): a counter up to a cache TTL
+    old, set against the reader's clock, reads as more than 100 % idle. Only the counter
+    file is read again; the snapshot's limits stay cached."""
+    try:
+        uptime: float | None = parse_uptime(host.read_text("/proc/uptime"))
+    except (OSError, ValueError):
+        uptime = None
+    h = snap.hierarchies["cpuacct"]
+    level = level_for(h, cpu_cgroup(lim))
+    if level is None:
+        return uptime, None
+    return uptime, _cpu_usage(h.version, level,
+                              lambda name: host.try_read_text(level.file_path(name)))
 
 
 # ------------------------------------------------------------------ tasks

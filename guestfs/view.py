@@ -18,13 +18,13 @@ from guestfs.render.loadavg import LoadAverage, render_loadavg
 from guestfs.render.meminfo import memory_limited, render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, render_stat
 from guestfs.render.uptime import render_uptime
-from guestfs.snapshot import Snapshot, with_fresh_cpu_usage
+from guestfs.snapshot import Snapshot
 from guestfs.usage import (
     ContainerAge,
     CpuUsage,
-    cpu_cgroup,
+    TaskCounts,
     read_container_age,
-    read_cpu_usage,
+    read_cpu_usage_now,
     read_io,
     read_last_pid,
     read_pressure,
@@ -88,6 +88,16 @@ class RenderContext:
     lim: EffectiveLimits
     state: ViewState
     exclude: frozenset[str] = frozenset()   # threads never counted as the container's
+    # Readings shared by the renders of one view while it is cached (one --cache-ttl).
+    memo: dict[str, object] = field(default_factory=dict)
+
+    def tasks(self) -> TaskCounts | None:
+        # A read of /proc/<tid>/stat per thread of the container: once per view, not per
+        # read of /proc/stat or loadavg (a top refreshing every second, a 1,000-thread JVM).
+        if "tasks" not in self.memo:
+            self.memo["tasks"] = read_task_counts(self.host, self.snap, self.lim,
+                                                  self.exclude)
+        return self.memo["tasks"]  # type: ignore[return-value]
 
 
 def _age_seconds(ctx: RenderContext, up: float) -> float:
@@ -99,11 +109,11 @@ def _age_seconds(ctx: RenderContext, up: float) -> float:
 
 
 def _tick_clock(ctx: RenderContext) -> None:
-    # The counters are read again now (the view's snapshot may be a TTL old) and paired
-    # with the uptime read just before them, not with the render time.
-    snap = with_fresh_cpu_usage(ctx.host, ctx.snap, cpu_cgroup(ctx.lim))
-    up = snap.uptime if snap.uptime is not None else host_uptime(ctx.host)
-    usage = read_cpu_usage(snap, ctx.lim)
+    # The counter is read again now (the view's snapshot may be a TTL old) and paired
+    # with the uptime read just before it, not with the render time.
+    up, usage = read_cpu_usage_now(ctx.host, ctx.snap, ctx.lim)
+    if up is None:
+        up = host_uptime(ctx.host)
     clock = ctx.state.clock
     if usage is None:
         # No readable CPU counter (a missing or corrupt cpu.stat): hold busy where it was
@@ -118,7 +128,7 @@ def _stat(ctx: RenderContext, text: str) -> str:
     if not (cpus_limited(lim) or lim.cpu_quota.limited):
         return text
     _tick_clock(ctx)
-    tasks = read_task_counts(ctx.host, ctx.snap, lim, ctx.exclude)
+    tasks = ctx.tasks()
     return render_stat(text, lim.cpu_count.value, ctx.state.clock, tasks)
 
 
@@ -133,7 +143,7 @@ def _uptime(ctx: RenderContext, text: str) -> str:
 def _loadavg(ctx: RenderContext, text: str) -> str:
     if not any_limit(ctx.lim):
         return text
-    tasks = read_task_counts(ctx.host, ctx.snap, ctx.lim, ctx.exclude)
+    tasks = ctx.tasks()
     if tasks is None:
         return text
     load = ctx.state.load or LoadAverage.single_sample(tasks.running + tasks.blocked)
@@ -168,10 +178,13 @@ assert set(RENDERERS) == set(SERVED_FILES)
 
 
 def render_file(path: str, host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
-                state: ViewState | None = None, exclude: frozenset[str] = frozenset()) -> str:
+                state: ViewState | None = None, exclude: frozenset[str] = frozenset(),
+                memo: dict[str, object] | None = None) -> str:
     """The text guestfs serves at guest ``path``; the host file is read under ``host``."""
     renderer = RENDERERS.get(path)
     if renderer is None:
         raise UnknownFile(path)
     text = host.read_text(path)
-    return renderer(RenderContext(host, snap, lim, state or ViewState(), exclude), text)
+    ctx = RenderContext(host, snap, lim, state or ViewState(), exclude,
+                        memo if memo is not None else {})
+    return renderer(ctx, text)

@@ -164,3 +164,18 @@ def test_load_average_begins_with_the_first_read_of_any_file():
     # plus none at the loadavg read itself: 3 * (1 - (1884/2048)^13) = 1.99.
     one = float(srv.render("/proc/loadavg", 7).split()[0])
     assert 1.95 <= one <= 2.05, one
+
+
+def test_thread_states_are_read_once_per_view_not_per_read():
+    """procs_running/blocked and the load need /proc/<tid>/stat of every container thread:
+    read once per cached view, while the CPU counter is read on every /proc/stat read."""
+    srv, host = server(fixture_root("k8s-systemd-v2-burstable"), cache_ttl=60,
+                       explicit=ExplicitLimits())
+    srv.render("/proc/stat", 7)
+    host.reads.clear()
+    srv.render("/proc/stat", 7)
+    srv.render("/proc/loadavg", 7)
+    tid_reads = [p for p in host.reads if p.startswith("/proc/") and p.endswith("/stat")
+                 and p != "/proc/stat"]
+    assert tid_reads == []
+    assert any(p.endswith("/cpu.stat") for p in host.reads)
