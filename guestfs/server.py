@@ -25,6 +25,7 @@ from guestfs.limits import EffectiveLimits, effective_limits
 from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
 from guestfs.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
+from guestfs.timens import read_boottime_offset
 from guestfs.usage import container_incarnation, pidns_init, read_task_counts
 from guestfs.view import ViewState, render_file
 
@@ -228,8 +229,11 @@ class ViewServer:
                     # that is its start), not at its first read of /proc/loadavg: a
                     # monitor that looks after a minute of work must see that minute.
                     entry.state.load = self._new_load(view)
+                # /proc/stat is rendered per read: its btime follows the reader's time
+                # namespace (guestfs run gives the app the container's boot clock).
+                offset = read_boottime_offset(self.host, pid) if path == "/proc/stat" else 0
                 data = render_file(path, self.host, view.snap, view.lim, entry.state,
-                                   view.own_threads, view.memo).encode()
+                                   view.own_threads, view.memo, offset).encode()
             out = (view.born + self.config.cache_ttl, data)
             with self._lock:
                 if path not in UNCACHED:

@@ -16,7 +16,7 @@ from guestfs.render.cpu import cpus_limited, render_cpu_list, render_cpuinfo
 from guestfs.render.diskstats import render_diskstats
 from guestfs.render.loadavg import LoadAverage, render_loadavg
 from guestfs.render.meminfo import memory_limited, render_meminfo, render_swaps
-from guestfs.render.stat import CpuClock, render_stat
+from guestfs.render.stat import CpuClock, render_stat, shift_btime
 from guestfs.render.uptime import render_uptime
 from guestfs.snapshot import Snapshot
 from guestfs.usage import (
@@ -90,6 +90,7 @@ class RenderContext:
     exclude: frozenset[str] = frozenset()   # threads never counted as the container's
     # Readings shared by the renders of one view while it is cached (one --cache-ttl).
     memo: dict[str, object] = field(default_factory=dict)
+    boot_offset: float = 0.0     # the reader's time namespace boottime offset (timens.py)
 
     def tasks(self) -> TaskCounts | None:
         # A read of /proc/<tid>/stat per thread of the container: once per view, not per
@@ -124,6 +125,7 @@ def _tick_clock(ctx: RenderContext) -> None:
 
 
 def _stat(ctx: RenderContext, text: str) -> str:
+    text = shift_btime(text, ctx.boot_offset)
     lim = ctx.lim
     if not (cpus_limited(lim) or lim.cpu_quota.limited):
         return text
@@ -179,12 +181,12 @@ assert set(RENDERERS) == set(SERVED_FILES)
 
 def render_file(path: str, host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
                 state: ViewState | None = None, exclude: frozenset[str] = frozenset(),
-                memo: dict[str, object] | None = None) -> str:
+                memo: dict[str, object] | None = None, boot_offset: float = 0.0) -> str:
     """The text guestfs serves at guest ``path``; the host file is read under ``host``."""
     renderer = RENDERERS.get(path)
     if renderer is None:
         raise UnknownFile(path)
     text = host.read_text(path)
     ctx = RenderContext(host, snap, lim, state or ViewState(), exclude,
-                        memo if memo is not None else {})
+                        memo if memo is not None else {}, boot_offset)
     return renderer(ctx, text)

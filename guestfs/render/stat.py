@@ -117,3 +117,17 @@ def render_stat(host_text: str, n: int, clock: CpuClock,
             line = f"procs_blocked {tasks.blocked}"
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def shift_btime(text: str, offset: float) -> str:
+    """/proc/stat as a reader in a time namespace with boottime ``offset`` (s) sees it: the
+    kernel moves btime later by the offset there, so that btime + a process's start time
+    (ps's STARTED) stays wall time."""
+    if not offset:
+        return text
+    out = []
+    for line in text.splitlines():
+        if line.startswith("btime "):
+            line = f"btime {int(line.split()[1]) - round(offset)}"
+        out.append(line)
+    return "\n".join(out) + "\n"
