@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from guestfs.cgroup_files import parse_flat_keyed
-from guestfs.host_proc import parse_uptime
 from guestfs.hostroot import HostRoot
 from guestfs.limits import EffectiveLimits
 from guestfs.provenance import CGROUP
@@ -95,21 +94,16 @@ def _cpu_usage(version: int, level: Level, read: Callable[[str], str | None]
 
 
 def read_cpu_usage_now(host: HostRoot, snap: Snapshot, lim: EffectiveLimits
-                       ) -> tuple[float | None, CpuUsage | None]:
-    """(host uptime, the container's CPU time), both read now, the uptime just before.
-    /proc/stat feeds rates (vmstat, a Prometheus ``rate()``): a counter up to a cache TTL
-    old, set against the reader's clock, reads as more than 100 % idle. Only the counter
-    file is read again; the snapshot's limits stay cached."""
-    try:
-        uptime: float | None = parse_uptime(host.read_text("/proc/uptime"))
-    except (OSError, ValueError):
-        uptime = None
+                       ) -> CpuUsage | None:
+    """The container's CPU time, read now. /proc/stat feeds rates (vmstat, a Prometheus
+    ``rate()``): a counter up to a cache TTL old, set against the reader's clock, reads as
+    more than 100 % idle. Only the counter file is read again; the snapshot's limits stay
+    cached."""
     h = snap.hierarchies["cpuacct"]
     level = level_for(h, cpu_cgroup(lim))
     if level is None:
-        return uptime, None
-    return uptime, _cpu_usage(h.version, level,
-                              lambda name: host.try_read_text(level.file_path(name)))
+        return None
+    return _cpu_usage(h.version, level, lambda name: host.try_read_text(level.file_path(name)))
 
 
 # ------------------------------------------------------------------ tasks

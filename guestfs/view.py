@@ -109,12 +109,12 @@ def _age_seconds(ctx: RenderContext, up: float) -> float:
     return ctx.state.age.seconds(up) if ctx.state.age is not None else up
 
 
-def _tick_clock(ctx: RenderContext) -> None:
+def _tick_clock(ctx: RenderContext, up: float | None = None) -> None:
     # The counter is read again now (the view's snapshot may be a TTL old) and paired
-    # with the uptime read just before it, not with the render time.
-    up, usage = read_cpu_usage_now(ctx.host, ctx.snap, ctx.lim)
+    # with the host uptime read just before it (``up``, when the caller has it).
     if up is None:
         up = host_uptime(ctx.host)
+    usage = read_cpu_usage_now(ctx.host, ctx.snap, ctx.lim)
     clock = ctx.state.clock
     if usage is None:
         # No readable CPU counter (a missing or corrupt cpu.stat): hold busy where it was
@@ -137,8 +137,9 @@ def _stat(ctx: RenderContext, text: str) -> str:
 def _uptime(ctx: RenderContext, text: str) -> str:
     if not any_limit(ctx.lim):
         return text
-    age = _age_seconds(ctx, parse_uptime(text))
-    _tick_clock(ctx)
+    up = parse_uptime(text)
+    age = _age_seconds(ctx, up)
+    _tick_clock(ctx, up)
     return render_uptime(age, ctx.state.clock.idle_seconds)
 
 
