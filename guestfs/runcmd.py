@@ -16,6 +16,7 @@ import threading
 from guestfs import sysmount
 from guestfs.hostroot import pread_all
 from guestfs.mountcmd import is_guestfs_mount, wait_mounted, wait_until
+from guestfs.selfexec import guestfs_argv, lifeline_fd
 from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
 
 log = logging.getLogger("guestfs.run")
@@ -29,7 +30,14 @@ class RunError(RuntimeError):
 
 
 def start_daemon(mp: str, mount_args: list[str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *mount_args])
+    """``guestfs mount MP`` as a child that serves only while we live.
+
+    Its own session: the terminal's SIGINT/SIGQUIT (Ctrl-C, sent to the whole foreground
+    process group) and SIGHUP reach the app and us, never the daemon, which we stop once
+    the app has exited. It watches a pipe from us and unmounts when we die, even by kill -9.
+    """
+    argv = guestfs_argv(["mount", mp, *mount_args], exit_with_fd=lifeline_fd())
+    proc = subprocess.Popen(argv, pass_fds=(lifeline_fd(),), start_new_session=True)
     if not wait_mounted(mp, None, 20.0) or proc.poll() is not None:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()

@@ -1,0 +1,94 @@
+"""`guestfs run` attacked: code planted in the working directory, an app that tries to undo
+or replace the binds, and readers that are not root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from guestfs.selfexec import BOOT, guestfs_argv
+from tests.fusemount import force_unmount, require_fuse
+
+GUESTFS = str(Path(sys.executable).parent / "guestfs")  # the installed console script
+
+
+@pytest.fixture
+def mp() -> Iterator[Path]:
+    """A mount point of our own under /tmp (mktemp): pytest's shared tmp_path may be renamed
+    under us by other test sessions cleaning up, and a mount there could not be found."""
+    d = Path(tempfile.mkdtemp(prefix="guestfs-run-test-"))
+    try:
+        yield d / "mnt"
+    finally:
+        force_unmount(str(d / "mnt"))
+        shutil.rmtree(d, ignore_errors=True)
+LIMIT = ["--memory-limit", "256Mi"]  # a MemTotal the host does not have: 262144 kB
+SERVED_MEMTOTAL = "MemTotal:         262144 kB"
+
+
+def plant_package(d: Path, body: str) -> None:
+    (d / "guestfs").mkdir()
+    (d / "guestfs" / "__init__.py").write_text(body)
+    (d / "guestfs" / "__main__.py").write_text(body)
+    (d / "guestfs" / "cli.py").write_text(body)
+
+
+def pwn(marker: Path) -> str:
+    return f"open({str(marker)!r}, 'w').close()\n"
+
+
+def guestfs_run(mp: Path, cmd: list[str], *opts: str, cwd: Path | None = None
+                ) -> subprocess.CompletedProcess[str]:
+    require_fuse()
+    try:
+        return subprocess.run([GUESTFS, "run", "--mountpoint", str(mp), *opts, "--", *cmd],
+                              capture_output=True, text=True, timeout=120, cwd=cwd)
+    finally:
+        force_unmount(str(mp))
+
+
+def test_the_self_exec_command_is_isolated_and_absolute():
+    argv = guestfs_argv(["mount", "/x"], exit_with_fd=5)
+    assert os.path.isabs(argv[0]) and argv[1] == "-I" and argv[2] == BOOT
+    assert os.path.isabs(BOOT) and argv[3:] == ["--exit-with-fd", "5", "mount", "/x"]
+
+
+def test_self_exec_ignores_a_package_planted_in_cwd_and_pythonpath(tmp_path):
+    marker = tmp_path / "pwned"
+    plant_package(tmp_path, pwn(marker))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONSTARTUP=str(tmp_path / "x.py"))
+    out = subprocess.run(guestfs_argv(["--version"]), cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("guestfs ")
+    assert not marker.exists()
+
+
+@pytest.mark.real
+def test_run_never_imports_a_guestfs_package_from_the_cwd(tmp_path, mp):
+    """The issue's reproduction: a planted guestfs/__main__.py in the working directory."""
+    work = tmp_path / "work"
+    work.mkdir()
+    marker = tmp_path / "pwned"
+    plant_package(work, pwn(marker))
+    out = guestfs_run(mp, ["head", "-1", "/proc/meminfo"], *LIMIT, cwd=work)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == SERVED_MEMTOTAL
+    assert not marker.exists()
+
+
+@pytest.mark.real
+def test_an_empty_guestfs_dir_in_the_cwd_does_not_break_run(tmp_path, mp):
+    work = tmp_path / "work"
+    (work / "guestfs").mkdir(parents=True)
+    out = guestfs_run(mp, ["head", "-1", "/proc/meminfo"], *LIMIT, cwd=work)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == SERVED_MEMTOTAL
+
