@@ -14,8 +14,10 @@ import tempfile
 import threading
 
 from guestfs import sysmount
+from guestfs.apppriv import AppSetup, prepare_app
 from guestfs.hostroot import pread_all
 from guestfs.mountcmd import is_guestfs_mount, wait_mounted, wait_until
+from guestfs.oomadj import shield_wrapper
 from guestfs.selfexec import guestfs_argv, lifeline_fd
 from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
 
@@ -135,19 +137,26 @@ class Materialized:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _child(binds: list[tuple[str, str]], cmd: list[str]) -> None:
+def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup) -> None:
     try:
         sysmount.unshare_mount_namespace()
         for src, dst in binds:
             sysmount.bind(src, dst)
+        prepare_app(app)
+    except OSError as e:
+        print(f"guestfs run: {e}", file=sys.stderr)
+        os._exit(127)
+    try:
         os.execvp(cmd[0], cmd)
     except OSError as e:
         print(f"guestfs run: {cmd[0]}: {e}", file=sys.stderr)
         os._exit(127)
 
 
-def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False) -> int:
+def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
+        keep_caps: bool = False) -> int:
     mp = os.path.abspath(mp)
+    app = AppSetup(keep_caps, shield_wrapper())  # before the daemon: it inherits the shield
     daemon = None
     if not is_guestfs_mount(mp):
         daemon = start_daemon(mp, mount_args)
@@ -162,7 +171,7 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
             binds = materialized.binds
         pid = os.fork()
         if pid == 0:
-            _child(binds, cmd)
+            _child(binds, cmd, app)
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
         _, status = os.waitpid(pid, 0)

@@ -18,6 +18,8 @@ import pytest
 
 from guestfs.mountcmd import is_guestfs_mount
 from tests.fusemount import force_unmount, require_fuse, wait_for
+from tests.realcg import v1_cgroup
+from tests.test_real_run import in_cgroup
 
 pytestmark = pytest.mark.real
 GUESTFS = str(Path(sys.executable).parent / "guestfs")
@@ -33,6 +35,7 @@ def mp() -> Iterator[Path]:
     finally:
         force_unmount(str(d / "mnt"))
         shutil.rmtree(d, ignore_errors=True)
+MiB = 1 << 20
 
 
 def kill_tree(procs: list[psutil.Process]) -> None:
@@ -53,7 +56,9 @@ def started_run(mp: Path, *cmd: str, opts: tuple[str, ...] = ()
                             start_new_session=True)
     seen: list[psutil.Process] = []
     try:
-        assert wait_for(lambda: is_guestfs_mount(str(mp)) or proc.poll() is not None, 30)
+        # Up once the daemon serves and the app is started (run's second child).
+        assert wait_for(lambda: proc.poll() is not None or (
+            is_guestfs_mount(str(mp)) and len(psutil.Process(proc.pid).children()) >= 2), 30)
         seen = psutil.Process(proc.pid).children(recursive=True)
         yield proc
     finally:
@@ -107,3 +112,26 @@ def test_kill_9_of_run_takes_its_daemon_and_mount_with_it(mp):
         assert wait_for(lambda: not os.path.ismount(mp), 10)
         assert not is_guestfs_mount(str(mp))
 
+
+# Four app processes, each smaller than the daemon or run, together past 64 MiB: the kernel
+# used to pick the daemon (the largest), then run, before any of them.
+MANY_SMALL = ("for i in 1 2 3 4; do python3 -c 'import time; a = b\"x\" * (6 << 20); "
+              "time.sleep(120)' & done; "
+              "wait -n; echo first=$?; kill $(jobs -p); wait; head -1 /proc/meminfo")
+
+
+def test_oom_in_a_64mib_cgroup_kills_the_app_not_the_daemon_or_run(mp):
+    require_fuse()
+    with v1_cgroup(64 * MiB, 100000, 100000) as cg:
+        try:
+            out = in_cgroup(cg, [GUESTFS, "run", "--mountpoint", str(mp), "--",
+                                 "bash", "-c", MANY_SMALL])
+        finally:
+            force_unmount(str(mp))
+        with open(os.path.join(cg.dirs["memory"], "memory.oom_control")) as f:
+            oom_kills = int(f.read().split("oom_kill ")[1].split()[0])
+    assert oom_kills >= 1  # a real OOM happened
+    assert out.returncode == 0, out.stderr  # run lived to pass on the app's status
+    lines = out.stdout.splitlines()
+    assert lines[0] == "first=137", out.stdout  # an app process was the first one killed
+    assert lines[-1] == "MemTotal:          65536 kB", out.stderr  # the daemon still serves

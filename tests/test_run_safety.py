@@ -29,6 +29,7 @@ def mp() -> Iterator[Path]:
     finally:
         force_unmount(str(d / "mnt"))
         shutil.rmtree(d, ignore_errors=True)
+CAP_SYS_ADMIN = 21
 LIMIT = ["--memory-limit", "256Mi"]  # a MemTotal the host does not have: 262144 kB
 SERVED_MEMTOTAL = "MemTotal:         262144 kB"
 
@@ -52,6 +53,11 @@ def guestfs_run(mp: Path, cmd: list[str], *opts: str, cwd: Path | None = None
                               capture_output=True, text=True, timeout=120, cwd=cwd)
     finally:
         force_unmount(str(mp))
+
+
+def status_caps(text: str, name: str) -> int:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + ":"))
+    return int(line.split()[1], 16)
 
 
 def test_the_self_exec_command_is_isolated_and_absolute():
@@ -92,3 +98,60 @@ def test_an_empty_guestfs_dir_in_the_cwd_does_not_break_run(tmp_path, mp):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == SERVED_MEMTOTAL
 
+
+ATTACKS = """
+grep ^Cap /proc/self/status
+echo ----
+umount /proc/meminfo; echo umount=$?
+umount -l /proc/meminfo; echo umount-lazy=$?
+mount -t tmpfs guestfs-attack /mnt; echo mount=$?
+mount --bind /dev/null /proc/meminfo; echo bind=$?
+unshare --user --map-root-user --mount sh -c 'umount /proc/meminfo' 2>/dev/null; echo userns=$?
+head -1 /proc/meminfo
+"""
+
+
+@pytest.mark.real
+def test_the_app_cannot_undo_the_binds_nor_mount(mp):
+    out = guestfs_run(mp, ["sh", "-c", ATTACKS], *LIMIT)
+    assert out.returncode == 0, out.stderr
+    status, results = out.stdout.split("----\n")
+    for name in ("CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb"):
+        assert not status_caps(status, name) & (1 << CAP_SYS_ADMIN), (name, status)
+    lines = results.splitlines()
+    for attack in ("umount", "umount-lazy", "mount", "bind", "userns"):
+        rc = next(ln for ln in lines if ln.startswith(attack + "=")).split("=")[1]
+        assert rc != "0", (attack, results, out.stderr)
+    assert lines[-1] == SERVED_MEMTOTAL
+    assert not os.path.ismount("/mnt") or "guestfs-attack" not in Path(
+        "/proc/self/mountinfo").read_text()
+
+
+@pytest.mark.real
+def test_keep_caps_leaves_cap_sys_admin_to_the_app(mp):
+    out = guestfs_run(mp, ["grep", "^Cap", "/proc/self/status"],
+                      "--keep-caps")
+    assert out.returncode == 0, out.stderr
+    with open("/proc/self/status") as f:
+        ours = f.read()
+    assert status_caps(out.stdout, "CapBnd") == status_caps(ours, "CapBnd")
+    assert status_caps(out.stdout, "CapEff") & (1 << CAP_SYS_ADMIN)
+
+
+NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+@pytest.mark.real
+def test_a_non_root_app_reads_the_files(mp):
+    out = guestfs_run(mp, [*NOBODY, "free", "-b"], *LIMIT)
+    assert out.returncode == 0, out.stderr
+    total = next(ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("Mem:"))
+    assert total == str(256 << 20)
+
+
+@pytest.mark.real
+def test_no_allow_other_keeps_non_root_readers_out(mp):
+    out = guestfs_run(mp, [*NOBODY, "head", "-1", "/proc/meminfo"],
+                      *LIMIT, "--no-allow-other")
+    assert out.returncode != 0
+    assert "Permission denied" in out.stderr
