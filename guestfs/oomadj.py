@@ -33,17 +33,17 @@ def write_adj(value: int, path: str = _SELF) -> None:
         f.write(f"{value}\n")
 
 
-def shield_wrapper() -> OomPlan | None:
+def shield_wrapper(path: str = _SELF) -> OomPlan | None:
     """Make this process (and daemons it will start) the OOM killer's last choice, and say
     what the app must get. None where the kernel has no oom_score_adj (nothing to do)."""
     try:
-        original = read_adj()
+        original = read_adj(path)
     except (OSError, ValueError):
         return None
     if original <= OOM_LAST:
         return OomPlan(original, original)
     try:
-        write_adj(OOM_LAST)
+        write_adj(OOM_LAST, path)
         return OomPlan(OOM_LAST, original)  # the app gets back what it would have had
     except OSError as e:
         log.debug("cannot lower oom_score_adj to %d (%s): raising the app's instead",
@@ -54,9 +54,9 @@ def shield_wrapper() -> OomPlan | None:
     return OomPlan(original, OOM_FIRST)
 
 
-def apply_to_app(plan: OomPlan | None) -> None:
+def apply_to_app(plan: OomPlan | None, path: str = _SELF) -> None:
     """In the app's process before exec: its oom_score_adj per ``plan`` (raising, or
     restoring what the wrapper had before lowering itself, which needs no privilege)."""
     if plan is None or plan.app == plan.wrapper:
         return
-    write_adj(plan.app)
+    write_adj(plan.app, path)
