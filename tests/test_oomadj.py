@@ -1,8 +1,12 @@
-"""The OOM order `guestfs run` sets up, on a file standing in for /proc/self/oom_score_adj."""
+"""The OOM order `guestfs run` sets up (on a file standing in for /proc/self/oom_score_adj), and
+what keeps the daemon small."""
 
 from __future__ import annotations
 
 import errno
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -57,3 +61,20 @@ def test_no_or_bad_oom_score_adj_means_nothing_to_do(adj, content):
     assert shield_wrapper(adj(content)) is None
     assert shield_wrapper("/nonexistent/oom_score_adj") is None
     apply_to_app(None, "/nonexistent/oom_score_adj")  # no write attempted
+
+
+def test_the_daemon_does_not_load_importlib_metadata():
+    """What the daemon imports is resident in the app's cgroup for its whole life; the
+    binding's version for the startup log is read without importlib.metadata (~2 MiB)."""
+    code = ("import sys, guestfs.cli, guestfs.mountcmd, guestfs.runcmd; "
+            "from guestfs.fuse_binding import load_binding, _version; b = load_binding(); "
+            "assert 'importlib.metadata' not in sys.modules, 'importlib.metadata loaded'; "
+            "print(b.name, _version('no-such-dist'))")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    if "no usable FUSE binding" in out.stderr:
+        pytest.skip("no FUSE library installed")
+    assert out.returncode == 0, out.stderr
+    name, missing = out.stdout.rsplit(" ", 1)
+    assert re.fullmatch(r"m?fusepy \d+(\.\d+)+", name), name
+    assert missing.strip() == "?"
