@@ -50,7 +50,11 @@ def _exit_with(fd: int) -> None:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--exit-with-fd"]:
-        _exit_with(int(argv[1]))
+        fd = argv[1] if len(argv) > 1 else ""
+        if not fd.isdigit():
+            print(f"guestfs: --exit-with-fd {fd!r}: not a file descriptor", file=sys.stderr)
+            return 2
+        _exit_with(int(fd))
         argv = argv[2:]
     _load_own_package()
     from guestfs.cli import main as cli_main

@@ -34,11 +34,12 @@ def prepare_app(setup: AppSetup) -> None:
     try:
         apply_to_app(setup.oom)
     except OSError as e:
-        raise AppSetupError(e.errno, f"setting the app's oom_score_adj: {e.strerror}") from e
+        raise AppSetupError(f"cannot set the app's oom_score_adj: {e.strerror}") from e
     if setup.keep_caps:
         return
     try:
         drop_capability(CAP_SYS_ADMIN)
     except OSError as e:
-        raise AppSetupError(e.errno, f"cannot drop CAP_SYS_ADMIN for the app ({e.strerror}); "
-                                     "--keep-caps runs it with that capability") from e
+        raise AppSetupError(f"cannot drop CAP_SYS_ADMIN before starting the app: {e.strerror} "
+                            "(give guestfs CAP_SETPCAP too, or run the app with it: "
+                            "--keep-caps)") from e

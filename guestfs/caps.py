@@ -30,11 +30,11 @@ class _Data(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
-def _prctl(option: int, arg2: int = 0, arg3: int = 0) -> int:
+def _prctl(what: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
     rc = _libc.prctl(option, arg2, arg3, 0, 0)
     if rc < 0:
         e = ctypes.get_errno()
-        raise OSError(e, f"prctl({option}, {arg2}): {os.strerror(e)}")
+        raise OSError(e, f"{what}: {os.strerror(e)}")
     return int(rc)
 
 
@@ -48,7 +48,7 @@ def _capget() -> tuple[_Header, ctypes.Array[_Data]]:
 
 
 def in_bounding_set(cap: int) -> bool:
-    return _prctl(PR_CAPBSET_READ, cap) == 1
+    return _prctl("PR_CAPBSET_READ", PR_CAPBSET_READ, cap) == 1
 
 
 def drop_capability(cap: int) -> None:
@@ -57,7 +57,13 @@ def drop_capability(cap: int) -> None:
     root an exec refills the permitted set from the bounding set, so without that step the
     capability would come back at the next exec (setuid-root and file capabilities too)."""
     if in_bounding_set(cap):
-        _prctl(PR_CAPBSET_DROP, cap)
+        try:
+            _prctl("PR_CAPBSET_DROP", PR_CAPBSET_DROP, cap)
+        except OSError as e:
+            if e.errno == errno.EPERM:
+                raise OSError(e.errno, "removing it from the bounding set needs CAP_SETPCAP, "
+                                       "which this process lacks") from e
+            raise
     header, data = _capget()
     word, bit = divmod(cap, 32)
     mask = ~(1 << bit) & 0xFFFFFFFF
@@ -69,7 +75,7 @@ def drop_capability(cap: int) -> None:
         raise OSError(e, f"capset: {os.strerror(e)}")
     try:
         # Already gone with the inheritable bit; said explicitly for kernels that differ.
-        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)
+        _prctl("PR_CAP_AMBIENT_LOWER", PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)
     except OSError as e:
         if e.errno != errno.EINVAL:  # a kernel without ambient capabilities (< 4.3)
             raise

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,3 +157,48 @@ def test_no_allow_other_keeps_non_root_readers_out(mp):
                       *LIMIT, "--no-allow-other")
     assert out.returncode != 0
     assert "Permission denied" in out.stderr
+
+
+@pytest.mark.real
+def test_without_cap_setpcap_run_refuses_to_start_the_app_with_cap_sys_admin(mp, tmp_path):
+    """A root app would get CAP_SYS_ADMIN back from the bounding set at exec: no app then,
+    one line saying what to do."""
+    require_fuse()
+    marker = tmp_path / "app-ran"
+    no_setpcap = ["setpriv", "--bounding-set", "-setpcap"]
+    try:
+        out = subprocess.run([*no_setpcap, GUESTFS, "run", "--mountpoint", str(mp), "--",
+                              "touch", str(marker)], capture_output=True, text=True, timeout=120)
+    finally:
+        force_unmount(str(mp))
+    assert out.returncode == 127
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("guestfs run:")]
+    assert len(errors) == 1 and "CAP_SETPCAP" in errors[0] and "--keep-caps" in errors[0]
+    assert "Traceback" not in out.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("fd", [[], ["x"], ["-1"]])
+def test_a_bad_exit_with_fd_is_one_line_not_a_traceback(fd):
+    out = subprocess.run([sys.executable, "-I", BOOT, "--exit-with-fd", *fd, "--version"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "--exit-with-fd" in out.stderr
+
+
+def test_the_child_stops_itself_when_the_parent_end_of_its_pipe_closes():
+    """The daemon's parent watch, without FUSE: SIGTERM once the pipe's write end is gone."""
+    watcher = ("import sys, time; from guestfs._boot import _exit_with; "
+               "_exit_with(int(sys.argv[1])); time.sleep(600)")
+    r, w = os.pipe()
+    child = subprocess.Popen([sys.executable, "-I", "-c", watcher, str(r)], pass_fds=(r,))
+    os.close(r)
+    try:
+        time.sleep(0.5)
+        assert child.poll() is None  # alive while we hold the write end
+        os.close(w)
+        assert child.wait(30) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
