@@ -175,6 +175,19 @@ def mount_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def add_run_privilege_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("privileges of CMD and readers")
+    g.add_argument("--keep-caps", action="store_true",
+                   help="let CMD keep CAP_SYS_ADMIN (by default it is dropped from all its "
+                        "capability sets, so CMD can neither undo the binds nor mount)")
+    # Most apps run as non-root: a mount only root could read would fail them (docs/mount.md
+    # says why allow_other is safe here).
+    g.add_argument("--no-allow-other", dest="allow_other", action="store_false",
+                   help="only the mounting user may read the files (default for run: "
+                        "every user may, --allow-other)")
+    p.set_defaults(allow_other=True)
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.fuse_binding import BindingError
     from guestfs.mountcmd import MountError, MountOptions, serve, setup_logging
@@ -200,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
     explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
     try:
-        return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure)
+        return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure, args.keep_caps)
     except (RunError, OSError) as e:
         raise CliError(str(e)) from e
 
@@ -278,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind-pressure", action="store_true",
                    help="also bind /proc/pressure/{cpu,memory,io} (the cgroup's pressure; "
                         "PSI triggers written to them then fail with EROFS)")
+    add_run_privilege_options(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=cmd_run)
 

@@ -14,8 +14,11 @@ import tempfile
 import threading
 
 from guestfs import sysmount
+from guestfs.apppriv import AppSetup, prepare_app
 from guestfs.hostroot import pread_all
 from guestfs.mountcmd import is_guestfs_mount, wait_mounted, wait_until
+from guestfs.oomadj import shield_wrapper
+from guestfs.selfexec import guestfs_argv, lifeline_fd
 from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
 
 log = logging.getLogger("guestfs.run")
@@ -29,7 +32,14 @@ class RunError(RuntimeError):
 
 
 def start_daemon(mp: str, mount_args: list[str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *mount_args])
+    """``guestfs mount MP`` as a child that serves only while we live.
+
+    Its own session: the terminal's SIGINT/SIGQUIT (Ctrl-C, sent to the whole foreground
+    process group) and SIGHUP reach the app and us, never the daemon, which we stop once
+    the app has exited. It watches a pipe from us and unmounts when we die, even by kill -9.
+    """
+    argv = guestfs_argv(["mount", mp, *mount_args], exit_with_fd=lifeline_fd())
+    proc = subprocess.Popen(argv, pass_fds=(lifeline_fd(),), start_new_session=True)
     if not wait_mounted(mp, None, 20.0) or proc.poll() is not None:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
@@ -127,19 +137,26 @@ class Materialized:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _child(binds: list[tuple[str, str]], cmd: list[str]) -> None:
+def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup) -> None:
     try:
         sysmount.unshare_mount_namespace()
         for src, dst in binds:
             sysmount.bind(src, dst)
+        prepare_app(app)
+    except OSError as e:
+        print(f"guestfs run: {e}", file=sys.stderr)
+        os._exit(127)
+    try:
         os.execvp(cmd[0], cmd)
     except OSError as e:
         print(f"guestfs run: {cmd[0]}: {e}", file=sys.stderr)
         os._exit(127)
 
 
-def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False) -> int:
+def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
+        keep_caps: bool = False) -> int:
     mp = os.path.abspath(mp)
+    app = AppSetup(keep_caps, shield_wrapper())  # before the daemon: it inherits the shield
     daemon = None
     if not is_guestfs_mount(mp):
         daemon = start_daemon(mp, mount_args)
@@ -154,7 +171,7 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
             binds = materialized.binds
         pid = os.fork()
         if pid == 0:
-            _child(binds, cmd)
+            _child(binds, cmd, app)
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
         _, status = os.waitpid(pid, 0)

@@ -1,0 +1,81 @@
+"""Dropping a capability for good (bounding, permitted, effective, inheritable and ambient
+sets) through libc's prctl(2) and capset(2): Python has neither, and libcap would be a new
+dependency for three calls."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+
+CAP_SYS_ADMIN = 21
+PR_CAPBSET_READ = 23
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_LOWER = 3
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                        ctypes.c_ulong]
+
+
+class _Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _prctl(what: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
+    rc = _libc.prctl(option, arg2, arg3, 0, 0)
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+    return int(rc)
+
+
+def _capget() -> tuple[_Header, ctypes.Array[_Data]]:
+    header = _Header(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_Data * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"capget: {os.strerror(e)}")
+    return header, data
+
+
+def in_bounding_set(cap: int) -> bool:
+    return _prctl("PR_CAPBSET_READ", PR_CAPBSET_READ, cap) == 1
+
+
+def drop_capability(cap: int) -> None:
+    """Remove ``cap`` from every capability set of this thread (call it single-threaded,
+    right before exec). The bounding set goes first, while we still hold CAP_SETPCAP: for
+    root an exec refills the permitted set from the bounding set, so without that step the
+    capability would come back at the next exec (setuid-root and file capabilities too)."""
+    if in_bounding_set(cap):
+        try:
+            _prctl("PR_CAPBSET_DROP", PR_CAPBSET_DROP, cap)
+        except OSError as e:
+            if e.errno == errno.EPERM:
+                raise OSError(e.errno, "removing it from the bounding set needs CAP_SETPCAP, "
+                                       "which this process lacks") from e
+            raise
+    header, data = _capget()
+    word, bit = divmod(cap, 32)
+    mask = ~(1 << bit) & 0xFFFFFFFF
+    data[word].effective &= mask
+    data[word].permitted &= mask
+    data[word].inheritable &= mask
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"capset: {os.strerror(e)}")
+    try:
+        # Already gone with the inheritable bit; said explicitly for kernels that differ.
+        _prctl("PR_CAP_AMBIENT_LOWER", PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # a kernel without ambient capabilities (< 4.3)
+            raise

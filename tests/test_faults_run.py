@@ -1,0 +1,137 @@
+"""Faults around `guestfs run`: what its app's readers see when the terminal sends Ctrl-C,
+when run itself is killed -9, and when its small cgroup runs out of memory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from guestfs.mountcmd import is_guestfs_mount
+from tests.fusemount import force_unmount, require_fuse, wait_for
+from tests.realcg import v1_cgroup
+from tests.test_real_run import in_cgroup
+
+pytestmark = pytest.mark.real
+GUESTFS = str(Path(sys.executable).parent / "guestfs")
+
+
+@pytest.fixture
+def mp() -> Iterator[Path]:
+    """A mount point of our own under /tmp (mktemp): pytest's shared tmp_path may be renamed
+    under us by other test sessions cleaning up, and a mount there could not be found."""
+    d = Path(tempfile.mkdtemp(prefix="guestfs-run-test-"))
+    try:
+        yield d / "mnt"
+    finally:
+        force_unmount(str(d / "mnt"))
+        shutil.rmtree(d, ignore_errors=True)
+MiB = 1 << 20
+
+
+def kill_tree(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=10)
+
+
+@contextlib.contextmanager
+def started_run(mp: Path, *cmd: str, opts: tuple[str, ...] = ()
+                ) -> Iterator[subprocess.Popen[str]]:
+    """`guestfs run` as the foreground job of a terminal would be: leader of its own process
+    group. Everything it started is killed and its mount removed afterwards."""
+    require_fuse()
+    proc = subprocess.Popen([GUESTFS, "run", "--mountpoint", str(mp), *opts, "--", *cmd],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    seen: list[psutil.Process] = []
+    try:
+        # Up once the daemon serves and the app is started (run's second child).
+        assert wait_for(lambda: proc.poll() is not None or (
+            is_guestfs_mount(str(mp)) and len(psutil.Process(proc.pid).children()) >= 2), 30)
+        seen = psutil.Process(proc.pid).children(recursive=True)
+        yield proc
+    finally:
+        with contextlib.suppress(psutil.Error):
+            seen += psutil.Process(proc.pid).children(recursive=True)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        kill_tree(seen)  # first: a leftover daemon holds run's output pipes open
+        proc.communicate(timeout=30)
+        force_unmount(str(mp))
+
+
+def daemon_of(run_pid: int) -> psutil.Process:
+    kids = psutil.Process(run_pid).children()
+    return next(p for p in kids if "mount" in p.cmdline())
+
+
+def gone(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# The app catches Ctrl-C and takes a while to shut down; the files must still be served then.
+SLOW_SHUTDOWN = ("trap 'sleep 1; head -1 /proc/meminfo; exit 3' INT; "
+                 "echo ready; while :; do sleep 0.1; done")
+
+
+def test_ctrl_c_leaves_the_daemon_serving_until_the_app_has_exited(mp):
+    with started_run(mp, "sh", "-c", SLOW_SHUTDOWN, opts=("--memory-limit", "256Mi")) as run:
+        assert run.stdout is not None
+        assert run.stdout.readline() == "ready\n"
+        daemon = daemon_of(run.pid)
+        os.killpg(run.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 3, err
+        assert "MemTotal:         262144 kB" in out, err
+        assert wait_for(lambda: gone(daemon), 15)  # stopped once the app was done
+        assert not is_guestfs_mount(str(mp))
+
+
+def test_kill_9_of_run_takes_its_daemon_and_mount_with_it(mp):
+    with started_run(mp, "sleep", "600") as run:
+        assert is_guestfs_mount(str(mp))
+        daemon = daemon_of(run.pid)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(10)
+        # Poll: the daemon notices, unmounts and exits on its own.
+        assert wait_for(lambda: gone(daemon), 20), daemon.cmdline()
+        assert wait_for(lambda: not os.path.ismount(mp), 10)
+        assert not is_guestfs_mount(str(mp))
+
+
+# Four app processes, each smaller than the daemon or run, together past 64 MiB: the kernel
+# used to pick the daemon (the largest), then run, before any of them.
+MANY_SMALL = ("for i in 1 2 3 4; do python3 -c 'import time; a = b\"x\" * (6 << 20); "
+              "time.sleep(120)' & done; "
+              "wait -n; echo first=$?; kill $(jobs -p); wait; head -1 /proc/meminfo")
+
+
+def test_oom_in_a_64mib_cgroup_kills_the_app_not_the_daemon_or_run(mp):
+    require_fuse()
+    with v1_cgroup(64 * MiB, 100000, 100000) as cg:
+        try:
+            out = in_cgroup(cg, [GUESTFS, "run", "--mountpoint", str(mp), "--",
+                                 "bash", "-c", MANY_SMALL])
+        finally:
+            force_unmount(str(mp))
+        with open(os.path.join(cg.dirs["memory"], "memory.oom_control")) as f:
+            oom_kills = int(f.read().split("oom_kill ")[1].split()[0])
+    assert oom_kills >= 1  # a real OOM happened
+    assert out.returncode == 0, out.stderr  # run lived to pass on the app's status
+    lines = out.stdout.splitlines()
+    assert lines[0] == "first=137", out.stdout  # an app process was the first one killed
+    assert lines[-1] == "MemTotal:          65536 kB", out.stderr  # the daemon still serves
