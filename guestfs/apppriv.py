@@ -13,10 +13,13 @@ helpers (su, sudo, ping) an app may rely on, which is the app's business, not ou
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
 
 from guestfs.caps import CAP_SYS_ADMIN, drop_capability
 from guestfs.oomadj import OomPlan, apply_to_app
+from guestfs.timens import enter_container_boottime
 
 
 class AppSetupError(OSError):
@@ -27,10 +30,30 @@ class AppSetupError(OSError):
 class AppSetup:
     keep_caps: bool = False        # --keep-caps: the app keeps CAP_SYS_ADMIN
     oom: OomPlan | None = None
+    # The served /proc/uptime whose age becomes the app's boot clock (timens.py); None
+    # with --host-clock.
+    uptime_source: str | None = None
+
+
+def _enter_container_clock(uptime_source: str) -> None:
+    """Give the app the container's boot clock, so that ps's ELAPSED (served uptime minus
+    the kernel's start times) is right. A kernel or sandbox without time namespaces keeps
+    the host's clock, with a warning: everything else works."""
+    try:
+        with open(uptime_source, "rb") as f:
+            age = float(f.read().split()[0])
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+        if age < now - 1:                # the view's uptime is not the host's
+            enter_container_boottime(age, now)
+    except (OSError, ValueError, IndexError) as e:
+        print(f"guestfs run: warning: the app keeps the host's boot clock ({e}); "
+              "ps ELAPSED will not match its uptime", file=sys.stderr)
 
 
 def prepare_app(setup: AppSetup) -> None:
     """In the forked child, after the binds, right before exec."""
+    if setup.uptime_source is not None:
+        _enter_container_clock(setup.uptime_source)   # needs CAP_SYS_ADMIN: first
     try:
         apply_to_app(setup.oom)
     except OSError as e:

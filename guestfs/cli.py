@@ -213,7 +213,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
     explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
     try:
-        return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure, args.keep_caps)
+        return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure,
+                   keep_caps=args.keep_caps, host_clock=args.host_clock)
     except (RunError, OSError) as e:
         raise CliError(str(e)) from e
 
@@ -291,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind-pressure", action="store_true",
                    help="also bind /proc/pressure/{cpu,memory,io} (the cgroup's pressure; "
                         "PSI triggers written to them then fail with EROFS)")
+    p.add_argument("--host-clock", action="store_true",
+                   help="keep the host's boot clock for CMD (by default CMD gets a time "
+                        "namespace whose CLOCK_BOOTTIME is the container's age, so ps's "
+                        "ELAPSED agrees with the served uptime)")
     add_run_privilege_options(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=cmd_run)

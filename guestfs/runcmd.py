@@ -154,9 +154,10 @@ def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup) -> None:
 
 
 def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
-        keep_caps: bool = False) -> int:
+        keep_caps: bool = False, host_clock: bool = False) -> int:
     mp = os.path.abspath(mp)
-    app = AppSetup(keep_caps, shield_wrapper())  # before the daemon: it inherits the shield
+    # Before the daemon: it inherits the shield.
+    app = AppSetup(keep_caps, shield_wrapper(), None if host_clock else mp + "/proc/uptime")
     daemon = None
     if not is_guestfs_mount(mp):
         daemon = start_daemon(mp, mount_args)
