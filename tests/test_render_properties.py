@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from guestfs.host_proc import HostInfo
@@ -54,6 +54,9 @@ def make_limits(limit: int, usage: int, stat: dict[str, int], swap: int, swap_us
                        max_size=len(stat_keys)),
        swap=st.integers(0, 2 * HOST_SWAP), swap_used=st.integers(0, 4 * HOST_SWAP),
        version=st.sampled_from([1, 2]))
+# Nothing limited: both files are the host's, and must agree on the swap.
+@example(limit=2 * HOST_MEM, usage=0, values=[0] * len(stat_keys), swap=2 * HOST_SWAP,
+         swap_used=0, version=2)
 def test_meminfo_is_ordered_bounded_and_never_wraps(limit, usage, values, swap, swap_used,
                                                     version):
     stat = dict(zip(stat_keys, values, strict=True))
@@ -65,7 +68,10 @@ def test_meminfo_is_ordered_bounded_and_never_wraps(limit, usage, values, swap, 
     assert 0 <= got["MemFree"] <= got["MemAvailable"] <= got["MemTotal"]
     assert 0 <= got["SwapFree"] <= got["SwapTotal"] <= HOST_SWAP // 1024
     assert all(0 <= v < U64 for v in got.values())
-    swaps = render_swaps("", lim).splitlines()
+    # Where nothing is limited the host's file is served as it is: give it the host's swap.
+    host_swaps = ("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+                  f"/dev/sda2  partition\t{HOST_SWAP // 1024}\t0\t-2\n")
+    swaps = render_swaps(host_swaps, lim).splitlines()
     if got["SwapTotal"] > 0:
         assert int(swaps[1].split()[2]) == got["SwapTotal"]
     else:
