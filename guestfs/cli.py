@@ -195,18 +195,19 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from guestfs.mountcmd import setup_logging
 
     setup_logging(args.verbose)
-    if args.watch:
-        watch(args.pid or None, args.source, args.interval)
-        return 0
-    if not args.pid:
-        raise CliError("attach: give --pid PID (or --watch to follow every other mount "
-                       "namespace)")
-    for pid in args.pid:
-        try:
+    try:
+        if args.watch:
+            watch(args.pid or None, args.source, args.interval)
+            return 0
+        if not args.pid:
+            raise CliError("attach: give --pid PID (or --watch to follow every other mount "
+                           "namespace)")
+        for pid in args.pid:
             res = attach(pid, args.source)
-        except OSError as e:
-            raise CliError(str(e)) from e
-        print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)}")
+            print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)} "
+                  f"({res.method})")
+    except OSError as e:  # AttachError: already one line naming the pid and the file
+        raise CliError(str(e)) from e
     return 0
 
 
