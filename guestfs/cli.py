@@ -274,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pid", type=int, action="append", default=[],
                    help="a process whose mount namespace gets the binds (repeatable)")
     p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
-                   help="the guestfs mount as seen inside the target namespace "
+                   help="the guestfs mount: in attach's own mount namespace (its files are "
+                        "moved into the target's), else as seen inside the target's "
                         "(default /run/guestfs)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between rounds")
