@@ -77,8 +77,9 @@ def check_target(pid: int) -> None:
     try:
         target = _ns_ident(pid)
     except OSError as e:
+        hint = " (needs CAP_SYS_PTRACE)" if e.errno in (errno.EACCES, errno.EPERM) else ""
         raise AttachError(f"pid {pid}: cannot open its mount namespace: "
-                          f"{e.strerror or e}") from e
+                          f"{e.strerror or e}{hint}") from e
     if target == _ns_ident("self"):
         raise AttachError(f"pid {pid} shares attach's own mount namespace: refusing to bind "
                           "over our own /proc and /sys (give the pid of an app in another "
@@ -230,7 +231,11 @@ def attach_in_child(pid: int, source_root: str) -> dict[str, object]:
     except AttachError as e:
         log.debug("not live in our namespace (%s): using pid %d's", e, pid)
         sources, trees = None, None
-    sysmount.enter_mount_namespace(pid)
+    try:
+        sysmount.enter_mount_namespace(pid)
+    except OSError as e:
+        raise AttachError(f"cannot enter its mount namespace: {os.strerror(e.errno)} (setns needs "
+                          "CAP_SYS_ADMIN over it and CAP_SYS_CHROOT)") from e
     os.fchdir(procfd)  # sysmount's fd helpers name fds through our own /proc
     if trees is None:
         if sources is not None:

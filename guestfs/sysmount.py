@@ -14,7 +14,6 @@ MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
-UMOUNT_NOFOLLOW = 8
 CLONE_NEWNS = 0x00020000
 # The fd-based mount API (Linux >= 5.2). Its syscall numbers are the same on every
 # architecture (asm-generic numbering from 5.1 on): 428 open_tree, 429 move_mount.

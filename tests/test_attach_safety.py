@@ -87,13 +87,14 @@ def test_attach_refuses_its_own_mount_namespace(tmp_path):
     with mounted(mp, "--memory-limit", "512Mi"):
         # $$ is the shell itself, in the new namespace with attach. After the refusal the
         # namespace still has the kernel's meminfo.
-        script = f"{attach_self}; echo rc=$?; findmnt -n /proc/meminfo || echo kernel"
+        script = (f"{attach_self}; echo rc=$?; {attach_self} --watch; echo rc=$?; "
+                  "findmnt -n /proc/meminfo || echo kernel")
         out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                               script],
                              capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["rc=1", "kernel"], out.stdout
-    err = out.stderr.strip()
-    assert "\n" not in err and "own mount namespace" in err, err
+    assert out.stdout.split() == ["rc=1", "rc=1", "kernel"], out.stdout
+    errs = out.stderr.strip().splitlines()
+    assert len(errs) == 2 and all("own mount namespace" in e for e in errs), errs
 
 
 def test_attach_after_a_restart_that_did_not_propagate_rebinds(tmp_path):
@@ -118,6 +119,8 @@ def test_attach_after_a_restart_that_did_not_propagate_rebinds(tmp_path):
             assert healed.returncode == 0, healed.stderr
             assert "bound 0," not in healed.stdout, healed.stdout
             assert free_total(app) == "256"
+            # the dead daemon's bind was detached, not covered
+            assert in_app(app, "findmnt -n -o TARGET /proc/meminfo") == "/proc/meminfo"
             again = run_attach(app, mp)
             assert "bound 0," in again.stdout   # live binds are left alone
 

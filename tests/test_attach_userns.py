@@ -68,15 +68,21 @@ mount_daemon() {  # $1: memory limit; the daemon lives in the sidecar's namespac
            $G mount $MP --allow-other --memory-limit $1 2>>$D/log & echo \$! > $D/daemon
            for i in \$(seq 100); do head -c1 $MP/proc/meminfo >/dev/null 2>&1 && break
            sleep 0.1; done
-           $G attach --pid $app --source $MP; echo attach rc=\$?
+           $G attach --pid $app --source $MP; echo attach rc=\$? | tee $D/rc
            nsenter -t $app -m sh -c 'test -e $MP/proc/meminfo && echo app sees the mount'
            exec sleep 600" &
   echo $! > "$D/sidecar"
-  for i in $(seq 200); do [ "$(free_in_app)" = "$2" ] && break; sleep 0.05; done
+  rm -f "$D/rc"
+  for i in $(seq 200); do
+    [ "$(free_in_app)" = "$2" ] && break
+    grep -qs "rc=[1-9]" "$D/rc" && break
+    sleep 0.05
+  done
   echo "free: $(free_in_app)"
 }
 mount_daemon 512Mi 512
 cat "$D/capbnd"
+if grep -qs "rc=[1-9]" "$D/rc"; then kill "$(cat $D/daemon)" "$(cat $D/sidecar)" "$app"; exit; fi
 kill -9 "$(cat $D/daemon)"
 for i in $(seq 100); do [ "$(free_in_app)" != 512 ] && break; sleep 0.05; done
 echo "after kill: $(free_in_app 2>&1 | head -c 40)"
@@ -98,7 +104,8 @@ def closed_to_others(path: str) -> list[str]:
     return []
 
 
-def test_sidecar_attaches_with_only_namespaced_caps_and_heals():
+def run_pod(caps: str) -> tuple[list[str], str]:
+    """POD_SCRIPT in a fresh pod user namespace, the sidecar bounded to ``caps``."""
     require_fuse()
     if not os.path.exists("/proc/self/ns/user"):
         pytest.skip("this kernel has no user namespaces")
@@ -110,7 +117,7 @@ def test_sidecar_attaches_with_only_namespaced_caps_and_heals():
     os.chown(f"{d}/fuse", HOST_ID, HOST_ID)
     os.chown(d, HOST_ID, HOST_ID)
     mp = f"{d}/mnt"
-    env = {**os.environ, "D": d, "MP": mp, "CAPS": SIDECAR_CAPS,
+    env = {**os.environ, "D": d, "MP": mp, "CAPS": caps,
            "G": f"{sys.executable} -m guestfs"}
     reach = closed_to_others(sys.base_prefix) + closed_to_others(sys.prefix)
     pod = subprocess.Popen([sys.executable, "-I", "-c", POD, POD_SCRIPT, *reach], env=env,
@@ -130,12 +137,29 @@ def test_sidecar_attaches_with_only_namespaced_caps_and_heals():
             os.killpg(pod.pid, 9)
             pod.wait()
         shutil.rmtree(d, ignore_errors=True)
-    lines = out.splitlines()
-    assert lines.count("attach rc=0") == 2, out + err
-    assert "app sees the mount" not in out      # moved in, not propagated
+    return out.splitlines(), out + err
+
+
+def test_sidecar_attaches_with_only_namespaced_caps_and_heals():
+    lines, out = run_pod(SIDECAR_CAPS)
+    assert lines.count("attach rc=0") == 2, out
+    assert "app sees the mount" not in lines    # moved in, not propagated
     # CAP_SYS_CHROOT (18), CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21) and nothing else
     assert "CapBnd:\t00000000002c0000" in lines, out
     assert any("(move_mount)" in ln and "bound 10," in ln for ln in lines), out
-    assert "free: 512" in lines and "free: 256" in lines, out + err
+    assert "free: 512" in lines and "free: 256" in lines, out
     after_kill = next(ln for ln in lines if ln.startswith("after kill:"))
     assert "512" not in after_kill              # stale until the sidecar is back
+
+
+@pytest.mark.parametrize("caps,error", [
+    # the app holds capabilities the sidecar lacks: reading its namespace is a ptrace check
+    ("-all,+sys_admin,+sys_chroot", "cannot open its mount namespace: Permission denied"),
+    # setns() into a mount namespace asks for CAP_SYS_CHROOT as well as CAP_SYS_ADMIN
+    ("-all,+sys_admin,+sys_ptrace", "cannot enter its mount namespace: Operation not "
+                                    "permitted"),
+], ids=["without-SYS_PTRACE", "without-SYS_CHROOT"])
+def test_each_sidecar_capability_is_needed(caps, error):
+    lines, out = run_pod(caps)
+    assert "attach rc=1" in lines and error in out, out
+    assert "Traceback" not in out
