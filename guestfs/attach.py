@@ -197,7 +197,12 @@ def _attach_one(f: str, src: SourceFile, tree: int | None) -> str | None:
     for _ in range(MAX_STACKED):
         if fd is None:
             return None
-        if _state(fd, f) != "stale":
+        try:
+            state = _state(fd, f)
+        except AttachError:
+            os.close(fd)
+            raise
+        if state != "stale":
             break
         # Peel the dead daemon's bind through its fd (never by path), then look again.
         try:

@@ -139,3 +139,29 @@ def test_daemonset_kill_9_binds_stay_stale_until_attach_runs_again(tmp_path):
             healed = time.monotonic() - start
     report("daemonset kill -9", stale_after_restart="ENOTCONN until rebound",
            rebound_by_attach_s=round(healed, 2))
+
+
+def test_daemonset_sigstop_readers_block_then_resume_on_sigcont(tmp_path):
+    """A node-wide daemon stopped: the pod's readers block on its binds, and all complete
+    with the right value on SIGCONT; nothing needs rebinding."""
+    mp = str(tmp_path / "mnt")
+    with app_namespace() as app, \
+            mounted(mp, "--memory-limit", "512Mi", "--allow-other") as daemon:
+        assert run_attach(app, mp).returncode == 0   # the runtime's binds, made once
+        assert first_line(app) == f"kB {KB_512M}"
+        os.kill(daemon.pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.0)  # past the kernel's attribute cache
+            readers = [subprocess.Popen(["nsenter", "-t", str(app), "-m", "head", "-1",
+                                         "/proc/meminfo"], stdout=subprocess.PIPE, text=True)
+                       for _ in range(4)]
+            assert not wait_for(lambda: any(r.poll() is not None for r in readers), 3)
+        finally:
+            os.kill(daemon.pid, signal.SIGCONT)
+        start = time.monotonic()
+        outs = [r.communicate(timeout=30)[0] for r in readers]
+        resumed = time.monotonic() - start
+        assert [o.split()[1] for o in outs] == [str(KB_512M)] * 4
+        assert first_line(app) == f"kB {KB_512M}"
+    report("daemonset SIGSTOP", readers="4 blocked, no error",
+           all_done_after_sigcont_s=round(resumed, 2))
