@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -36,19 +37,20 @@ sys.stdin.readline()
 # Directories only host root may cross (a Python under /root): still their owner before
 # setresuid, keep a handle on what lies below; as the namespace's root, cover the directory
 # with a tmpfs and put that back there.
-held = [(top, below, os.open(below, os.O_PATH))
-        for top, below in zip(sys.argv[2::2], sys.argv[3::2], strict=True)]
+pairs = list(zip(sys.argv[2::2], sys.argv[3::2], strict=True))
+held = [(top, below, os.open(below, os.O_PATH)) for top, below in pairs]
 os.setresgid(0, 0, 0)
 os.setresuid(0, 0, 0)
-for top, below, fd in held:
+if libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None) != 0:  # MS_REC | MS_PRIVATE
+    sys.exit("make-rprivate failed")
+for top in dict.fromkeys(top for top, _ in pairs):
     if libc.mount(b"tmpfs", top.encode(), b"tmpfs", 0, b"mode=755") != 0:
         sys.exit(f"tmpfs over {top}: {os.strerror(ctypes.get_errno())}")
-    os.makedirs(below)
+for top, below, fd in held:
+    os.makedirs(below, exist_ok=True)
     if libc.mount(f"/proc/self/fd/{fd}".encode(), below.encode(), None, 4096 | 16384,
                   None) != 0:  # MS_BIND | MS_REC
         sys.exit(f"bind {below}: {os.strerror(ctypes.get_errno())}")
-if libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None) != 0:  # MS_REC | MS_PRIVATE
-    sys.exit("make-rprivate failed")
 os.execvp("sh", ["sh", "-c", sys.argv[1]])
 """
 
@@ -119,7 +121,11 @@ def run_pod(caps: str) -> tuple[list[str], str]:
     mp = f"{d}/mnt"
     env = {**os.environ, "D": d, "MP": mp, "CAPS": caps,
            "G": f"{sys.executable} -m guestfs"}
-    reach = closed_to_others(sys.base_prefix) + closed_to_others(sys.prefix)
+    # Python, the venv and guestfs's source (an editable install) must be reachable.
+    needed = (sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parent.parent /
+                                               "guestfs"))
+    reach = [p for pair in dict.fromkeys(tuple(closed_to_others(n)) for n in needed)
+             for p in pair]
     pod = subprocess.Popen([sys.executable, "-I", "-c", POD, POD_SCRIPT, *reach], env=env,
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
