@@ -75,7 +75,8 @@ mount_daemon() {  # $1: memory limit; the daemon lives in the sidecar's namespac
            exec sleep 600" &
   echo $! > "$D/sidecar"
   rm -f "$D/rc"
-  for i in $(seq 200); do
+  for i in $(seq 400); do grep -qs "rc=" "$D/rc" && break; sleep 0.05; done  # attach done
+  for i in $(seq 100); do
     [ "$(free_in_app)" = "$2" ] && break
     grep -qs "rc=[1-9]" "$D/rc" && break
     sleep 0.05
