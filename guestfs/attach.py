@@ -211,6 +211,8 @@ def _attach_one(f: str, src: SourceFile, tree: int | None) -> str | None:
             os.close(fd)
         fd = _open_target(f)
     else:
+        if fd is None:
+            return None
         os.close(fd)
         raise AttachError(f"{f}: more than {MAX_STACKED} stale binds stacked")
     try:
