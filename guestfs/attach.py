@@ -5,13 +5,32 @@ A restarted daemon is a new FUSE connection: binds made from the old one answer
 "Transport endpoint is not connected" forever (LXCFS issues #193/#204, what users hit
 most). attach replaces every bind that is stale or missing, so a watching sidecar heals
 the app containers without restarting them.
+
+How a file gets there, least privilege first:
+- move_mount: the guestfs mount is live in attach's own namespace. Each file is cloned
+  there as a detached mount (open_tree(OPEN_TREE_CLONE)), carried across setns() and
+  attached over the target file with move_mount(). The app's namespace never needs to see
+  the mount itself, so no mount propagation (Kubernetes' Bidirectional, which only a
+  privileged container may ask for) is involved.
+- bind: the kernel lacks the fd-based mount API (or the sandbox refuses it), or the mount
+  is visible only inside the target namespace: a bind(2) there, as before.
+
+The target namespace belongs to the app, which may have planted symlinks: every target is
+opened one component at a time with O_PATH|O_NOFOLLOW, must be a regular file on the
+filesystem it should be on (procfs, sysfs, or a FUSE mount stacked there), and is then
+unmounted and mounted over through that fd, never through its path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import logging
 import os
+import select
+import signal
+import stat
 import time
 from dataclasses import dataclass
 
@@ -19,6 +38,18 @@ from guestfs import sysmount
 from guestfs.view import BOUND_BY_DEFAULT
 
 log = logging.getLogger("guestfs.attach")
+MAX_STACKED = 8           # stale binds peeled from one target before giving up
+CHILD_TIMEOUT = 10.0      # a stopped daemon blocks every request to it; never wait forever
+# The filesystem each target must be on; FUSE is a bind stacked there before (ours or
+# LXCFS's), which a new one may replace when stale or cover when live.
+EXPECTED_FS = {"/proc/": sysmount.PROC_SUPER_MAGIC, "/sys/": sysmount.SYSFS_MAGIC}
+# open_tree/move_mount refused: an old kernel or gVisor (ENOSYS), a seccomp profile that
+# does not know them (EPERM), or no CAP_SYS_ADMIN over our own namespace (EPERM).
+FALLBACK_ERRNOS = {errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.EOPNOTSUPP}
+
+
+class AttachError(OSError):
+    """A one-line reason attach refused or failed, for the CLI and the watch log."""
 
 
 @dataclass(frozen=True)
@@ -26,83 +57,274 @@ class AttachResult:
     pid: int
     bound: tuple[str, ...]     # files (re)bound this time
     healthy: tuple[str, ...]   # files already served by a live bind
+    method: str = "bind"       # "move_mount" or "bind"
 
 
-def _served_by(path: str, source: str) -> bool:
-    """``path`` is a live bind of ``source``: the same file, and it answers. A bind left by
-    a dead daemon fails both (ENOTCONN); the kernel's own file is another inode."""
+@dataclass(frozen=True)
+class SourceFile:
+    fd: int                    # O_PATH fd on the served file
+    ident: tuple[int, int]     # (st_dev, st_ino): what a live bind of it shows
+
+
+def _ns_ident(pid: int | str) -> tuple[int, int]:
+    st = os.stat(f"/proc/{pid}/ns/mnt")
+    return st.st_dev, st.st_ino
+
+
+def check_target(pid: int) -> None:
+    """Refuse a pid whose mount namespace is attach's own: binding there would cover the
+    files of every process sharing it (``--pid 1`` run on a host: the host's /proc)."""
     try:
-        st, src = os.stat(path), os.stat(source)
-        with open(path, "rb") as f:
-            f.read(1)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (src.st_dev, src.st_ino)
+        target = _ns_ident(pid)
+    except OSError as e:
+        hint = " (needs CAP_SYS_PTRACE)" if e.errno in (errno.EACCES, errno.EPERM) else ""
+        raise AttachError(f"pid {pid}: cannot open its mount namespace: "
+                          f"{e.strerror or e}{hint}") from e
+    if target == _ns_ident("self"):
+        raise AttachError(f"pid {pid} shares attach's own mount namespace: refusing to bind "
+                          "over our own /proc and /sys (give the pid of an app in another "
+                          "namespace)")
 
 
-def _target_exists(path: str) -> bool:
-    # A stale bind cannot even be stat()ed (ENOTCONN), but is there to be replaced; only a
-    # file the kernel lacks (no PSI: no /proc/pressure) is skipped.
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _rebind(source: str, target: str) -> None:
-    # Peel every mount stacked on the target (stale binds of dead daemons included).
-    for _ in range(8):
-        try:
-            sysmount.umount(target, detach=True)
-        except OSError:
-            break
-    sysmount.bind(source, target)
-
-
-def attach_here(source_root: str) -> tuple[list[str], list[str]]:
-    """In the current mount namespace: bind ``source_root``+file over each served file that
-    is not already served by a live bind. Returns (rebound, healthy)."""
-    bound, healthy = [], []
+def open_sources(root: str) -> dict[str, SourceFile]:
+    """The served files under ``root`` in the current namespace, each checked to be a
+    regular file on a live FUSE mount. Raises AttachError when the mount is not live."""
+    found: dict[str, SourceFile] = {}
     for f in BOUND_BY_DEFAULT:
-        src = source_root.rstrip("/") + f
-        if not _target_exists(f) or not os.path.exists(src):
+        path = root.rstrip("/") + f
+        try:
+            fd = sysmount.open_nofollow(path)
+        except FileNotFoundError:
+            continue  # a file this kernel lacks is not served either
+        except OSError as e:
+            _close_all(found)
+            raise AttachError(f"source {path}: {e.strerror or e}") from e
+        try:
+            kind = sysmount.fs_type(fd)
+            st = os.fstat(fd)
+            if kind != sysmount.FUSE_SUPER_MAGIC or not stat.S_ISREG(st.st_mode):
+                raise AttachError(f"source {path} is not a file of a guestfs mount")
+        except OSError as e:
+            os.close(fd)
+            _close_all(found)
+            if isinstance(e, AttachError):
+                raise
+            raise AttachError(f"source {path}: {e.strerror or e}") from e
+        found[f] = SourceFile(fd, (st.st_dev, st.st_ino))
+    if not found:
+        raise AttachError(f"source {root} holds no served file (no guestfs mount there)")
+    return found
+
+
+def _close_all(sources: dict[str, SourceFile]) -> None:
+    for s in sources.values():
+        with contextlib.suppress(OSError):
+            os.close(s.fd)
+
+
+def clone_sources(sources: dict[str, SourceFile]) -> dict[str, int] | None:
+    """Detached clones of every source (open_tree), or None where the kernel or the
+    sandbox refuses the fd-based mount API (logged: attach falls back to bind)."""
+    trees: dict[str, int] = {}
+    for f, src in sources.items():
+        try:
+            trees[f] = sysmount.open_tree_clone(src.fd)
+        except OSError as e:
+            for fd in trees.values():
+                os.close(fd)
+            if e.errno in FALLBACK_ERRNOS:
+                log.info("open_tree refused (%s): falling back to bind in the target "
+                         "namespace", e.strerror)
+                return None
+            raise AttachError(f"open_tree {f}: {e.strerror or e}") from e
+    return trees
+
+
+def _open_target(f: str) -> int | None:
+    """An O_PATH fd on target ``f``, or None when this kernel has no such file. Raises
+    AttachError when ``f`` or a directory above it is a symlink, or not a regular file
+    on the filesystem it belongs to."""
+    try:
+        fd = sysmount.open_nofollow(f)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise AttachError(f"{f}: a symlink on the way: refused") from e
+        raise AttachError(f"{f}: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode):
+            raise AttachError(f"{f} is a symlink: refused")
+        if not stat.S_ISREG(st.st_mode):
+            raise AttachError(f"{f} is not a regular file: refused")
+    except AttachError:
+        os.close(fd)
+        raise
+    except OSError:
+        pass  # a stale FUSE bind may fail even fstat; _state() tells
+    return fd
+
+
+def _state(fd: int, f: str) -> str:
+    """'stale' (a dead daemon's bind), 'fuse' (a live FUSE bind) or 'kernel'."""
+    try:
+        kind = sysmount.fs_type(fd)
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            return "stale"
+        raise AttachError(f"{f}: {e.strerror or e}") from e
+    if kind == sysmount.FUSE_SUPER_MAGIC:
+        return "fuse"
+    expected = next(v for k, v in EXPECTED_FS.items() if f.startswith(k))
+    if kind != expected:
+        raise AttachError(f"{f} is on an unexpected filesystem (0x{kind:x}): refused")
+    return "kernel"
+
+
+def _ident(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _attach_one(f: str, src: SourceFile, tree: int | None) -> str | None:
+    """Bind ``src`` over ``f`` unless a live bind of it is already there. Returns
+    'bound', 'healthy', or None (no such file here)."""
+    fd = _open_target(f)
+    for _ in range(MAX_STACKED):
+        if fd is None:
+            return None
+        try:
+            state = _state(fd, f)
+        except AttachError:
+            os.close(fd)
+            raise
+        if state != "stale":
+            break
+        # Peel the dead daemon's bind through its fd (never by path), then look again.
+        try:
+            sysmount.umount_fd(fd)
+        finally:
+            os.close(fd)
+        fd = _open_target(f)
+    else:
+        if fd is None:
+            return None
+        os.close(fd)
+        raise AttachError(f"{f}: more than {MAX_STACKED} stale binds stacked")
+    try:
+        if _ident(fd) == src.ident:
+            return "healthy"
+        if tree is not None:
+            sysmount.move_mount_fd(tree, fd)
+        else:
+            sysmount.bind_fd(src.fd, fd)
+        return "bound"
+    finally:
+        os.close(fd)
+
+
+def attach_in_child(pid: int, source_root: str) -> dict[str, object]:
+    """The body of attach(), in a single-threaded forked child: find the sources (our own
+    namespace first), enter ``pid``'s mount namespace, bind. Returns what happened."""
+    procfd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    sources: dict[str, SourceFile] | None
+    try:
+        sources = open_sources(source_root)
+        trees = clone_sources(sources)
+    except AttachError as e:
+        log.debug("not live in our namespace (%s): using pid %d's", e, pid)
+        sources, trees = None, None
+    try:
+        sysmount.enter_mount_namespace(pid)
+    except OSError as e:
+        raise AttachError(f"cannot enter its mount namespace: {os.strerror(e.errno)} (setns needs "
+                          "CAP_SYS_ADMIN over it and CAP_SYS_CHROOT)") from e
+    os.fchdir(procfd)  # sysmount's fd helpers name fds through our own /proc
+    if trees is None:
+        if sources is not None:
+            _close_all(sources)
+        try:
+            sources = open_sources(source_root)
+        except AttachError as e:
+            raise AttachError(f"{e}, neither in attach's mount namespace nor in pid {pid}'s "
+                              "(is the daemon running?)") from e
+    bound, healthy, refused = [], [], []
+    for f, src in sources.items():
+        try:
+            state = _attach_one(f, src, trees.get(f) if trees else None)
+        except OSError as e:
+            refused.append(str(e) if isinstance(e, AttachError) else f"{f}: {e.strerror}")
             continue
-        if _served_by(f, src):
+        if state == "bound":
+            bound.append(f)
+        elif state == "healthy":
             healthy.append(f)
-            continue
-        _rebind(src, f)
-        bound.append(f)
-    return bound, healthy
+    return {"bound": bound, "healthy": healthy, "refused": refused,
+            "method": "bind" if trees is None else "move_mount"}
 
 
-def attach(pid: int, source_root: str) -> AttachResult:
-    """attach_here() inside ``pid``'s mount namespace (a forked child does the setns, since
-    a process with threads cannot join a mount namespace)."""
+def _run_child(w: int, pid: int, source_root: str) -> None:
+    try:
+        out = {"ok": attach_in_child(pid, source_root)}
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - report any failure to the parent
+        msg = str(e) if isinstance(e, AttachError) else f"{type(e).__name__}: {e}"
+        out, code = {"error": msg}, 1
+    with contextlib.suppress(OSError):
+        os.write(w, json.dumps(out).encode())
+    os._exit(code)
+
+
+def _read_child(r: int, child: int, timeout: float) -> bytes:
+    chunks, deadline = [], time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([r], [], [], left)[0]:
+            # Blocked in a FUSE request to a stopped daemon: SIGKILL ends the wait.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            raise AttachError(f"timed out after {timeout:g} s "
+                              "(a FUSE request got no answer: is the daemon stopped?)")
+        data = os.read(r, 65536)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+
+
+def attach(pid: int, source_root: str, timeout: float = CHILD_TIMEOUT) -> AttachResult:
+    """Bind the files under ``source_root`` inside ``pid``'s mount namespace (a forked
+    child does the setns, since a process with threads cannot join a mount namespace).
+    Raises AttachError, one line, when refused, when the mount is live nowhere, or when
+    a target is unsafe (its safe neighbours are bound all the same)."""
+    check_target(pid)
     r, w = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(r)
-        try:
-            sysmount.enter_mount_namespace(pid)
-            bound, healthy = attach_here(source_root)
-            os.write(w, ("\n".join(bound) + "\0" + "\n".join(healthy)).encode())
-            os._exit(0)
-        except BaseException as e:  # noqa: BLE001 - report any failure to the parent
-            with contextlib.suppress(OSError):
-                os.write(w, f"\x01{type(e).__name__}: {e}".encode())
-            os._exit(1)
+        _run_child(w, pid, source_root)
     os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read().decode()
-    _, status = os.waitpid(child, 0)
-    if status != 0 or out.startswith("\x01"):
-        raise OSError(f"attach to pid {pid}: {out.lstrip(chr(1)) or 'failed'}")
-    bound, _, healthy = out.partition("\0")
-    return AttachResult(pid, tuple(x for x in bound.split("\n") if x),
-                        tuple(x for x in healthy.split("\n") if x))
+    try:
+        raw = _read_child(r, child, timeout)
+    except AttachError as e:
+        raise AttachError(f"attach to pid {pid}: {e}") from None
+    finally:
+        os.close(r)
+    os.waitpid(child, 0)
+    try:
+        out = json.loads(raw.decode() or "{}")
+    except ValueError:
+        out = {}
+    if "ok" not in out:
+        raise AttachError(f"attach to pid {pid}: {out.get('error', 'failed')}")
+    res = out["ok"]
+    if res["refused"]:
+        raise AttachError(f"attach to pid {pid}: " + "; ".join(res["refused"]))
+    return AttachResult(pid, tuple(res["bound"]), tuple(res["healthy"]), res["method"])
 
 
 def mount_ns(pid: int | str) -> str | None:
@@ -128,6 +350,8 @@ def other_namespaces() -> dict[str, int]:
 def watch(pids: list[int] | None, source_root: str, interval: float = 2.0) -> None:
     """Attach to ``pids`` (or to every other mount namespace) every ``interval`` seconds:
     new app processes get binds, stale binds from a dead daemon are replaced."""
+    for pid in pids or ():
+        check_target(pid)
     while True:
         targets = pids if pids else list(other_namespaces().values())
         for pid in targets:
@@ -137,5 +361,5 @@ def watch(pids: list[int] | None, source_root: str, interval: float = 2.0) -> No
                 log.warning("%s", e)
                 continue
             if res.bound:
-                log.info("pid %d: bound %s", pid, ", ".join(res.bound))
+                log.info("pid %d: bound %s (%s)", pid, ", ".join(res.bound), res.method)
         time.sleep(interval)

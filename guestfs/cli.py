@@ -224,18 +224,19 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from guestfs.mountcmd import setup_logging
 
     setup_logging(args.verbose)
-    if args.watch:
-        watch(args.pid or None, args.source, args.interval)
-        return 0
-    if not args.pid:
-        raise CliError("attach: give --pid PID (or --watch to follow every other mount "
-                       "namespace)")
-    for pid in args.pid:
-        try:
+    try:
+        if args.watch:
+            watch(args.pid or None, args.source, args.interval)
+            return 0
+        if not args.pid:
+            raise CliError("attach: give --pid PID (or --watch to follow every other mount "
+                           "namespace)")
+        for pid in args.pid:
             res = attach(pid, args.source)
-        except OSError as e:
-            raise CliError(str(e)) from e
-        print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)}")
+            print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)} "
+                  f"({res.method})")
+    except OSError as e:  # AttachError: already one line naming the pid and the file
+        raise CliError(str(e)) from e
     return 0
 
 
@@ -310,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pid", type=int, action="append", default=[],
                    help="a process whose mount namespace gets the binds (repeatable)")
     p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
-                   help="the guestfs mount as seen inside the target namespace "
+                   help="the guestfs mount: in attach's own mount namespace (its files are "
+                        "moved into the target's), else as seen inside the target's "
                         "(default /run/guestfs)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between rounds")

@@ -1,4 +1,5 @@
-"""mount(2), umount2(2) and unshare(2) through libc (Python 3.11 has no os.unshare)."""
+"""mount(2), umount2(2), unshare(2), setns(2), fstatfs(2) and the fd-based mount API
+(open_tree(2), move_mount(2)) through libc: Python 3.11 has none of them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 CLONE_NEWNS = 0x00020000
+# The fd-based mount API (Linux >= 5.2). Its syscall numbers are the same on every
+# architecture (asm-generic numbering from 5.1 on): 428 open_tree, 429 move_mount.
+SYS_OPEN_TREE = 428
+SYS_MOVE_MOUNT = 429
+OPEN_TREE_CLONE = 1
+AT_EMPTY_PATH = 0x1000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+PROC_SUPER_MAGIC = 0x9FA0
+SYSFS_MAGIC = 0x62656572
+FUSE_SUPER_MAGIC = 0x65735546
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -21,6 +33,8 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+_libc.syscall.restype = ctypes.c_long
 
 
 def _check(rc: int, what: str) -> None:
@@ -78,3 +92,74 @@ def is_stale_mount(path: str) -> bool:
     except OSError as e:
         return e.errno == errno.ENOTCONN
     return False
+
+
+def _fd_link(fd: int) -> bytes:
+    # Relative to the cwd, which the caller set to its own /proc (fchdir to an fd opened
+    # before setns): the kernel resolves the magic link self/fd/N to exactly the file
+    # behind fd, and our own procfs knows our pid even when the target's does not.
+    return os.fsencode(f"self/fd/{fd}")
+
+
+def umount_fd(fd: int) -> None:
+    """Detach the mount whose root ``fd`` (an O_PATH fd) is, named by its magic link, so
+    no symlink the target namespace holds is followed. The cwd must be our own /proc."""
+    _check(_libc.umount2(_fd_link(fd), MNT_DETACH), f"umount fd {fd}")
+
+
+def bind_fd(source_fd: int, target_fd: int) -> None:
+    """bind(2) of the file behind ``source_fd`` over the one behind ``target_fd`` (the
+    path-based fallback of move_mount_fd). The cwd must be our own /proc."""
+    _check(_libc.mount(_fd_link(source_fd), _fd_link(target_fd), None, MS_BIND, None),
+           f"bind fd {source_fd} over fd {target_fd}")
+
+
+def open_tree_clone(fd: int) -> int:
+    """A detached copy of the mount at ``fd`` (OPEN_TREE_CLONE): a mount that belongs to
+    no namespace until move_mount() attaches it, so it can be carried across setns()."""
+    rc = _libc.syscall(SYS_OPEN_TREE, fd, b"", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH)
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"open_tree: {os.strerror(e)}")
+    return int(rc)
+
+
+def move_mount_fd(tree_fd: int, target_fd: int) -> None:
+    """Attach the detached mount ``tree_fd`` over the file behind ``target_fd``."""
+    rc = _libc.syscall(SYS_MOVE_MOUNT, tree_fd, b"", target_fd, b"",
+                       MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"move_mount: {os.strerror(e)}")
+
+
+def fs_type(fd: int) -> int:
+    """The filesystem magic of the file behind ``fd`` (statfs's f_type). A FUSE mount
+    whose daemon died raises ENOTCONN: statfs always asks the daemon, unlike stat, which
+    the kernel may answer from its attribute cache."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit
+    _check(_libc.fstatfs(fd, buf), "fstatfs")
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def open_nofollow(path: str) -> int:
+    """An O_PATH fd on absolute ``path``, walked one component at a time with O_NOFOLLOW:
+    a symlink anywhere on the way raises ELOOP/ENOTDIR instead of being followed. Used
+    inside namespaces whose files the app controls."""
+    if not path.startswith("/"):
+        raise ValueError(f"not an absolute path: {path}")
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        parts = [p for p in path.split("/") if p]
+        for i, part in enumerate(parts):
+            if part in (".", ".."):
+                raise OSError(errno.EINVAL, f"{path}: '{part}' in path")
+            last = i == len(parts) - 1
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
+            nxt = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise

@@ -49,3 +49,43 @@ def test_env_names_are_the_ones_guestfs_reads():
                         seen.add(env["name"])
     assert seen and seen <= known
     assert {explicit.ENV_MEMORY, explicit.ENV_CPU, explicit.ENV_CPU_DIVISOR} <= seen
+
+
+def pod_spec(pattern: str, name: str) -> dict:
+    doc = documents(K8S / pattern / name)[0]
+    return doc["spec"]["template"]["spec"]
+
+
+def all_containers(spec: dict) -> list[dict]:
+    return spec.get("containers", []) + spec.get("initContainers", [])
+
+
+def test_wrapper_is_user_namespaced_with_sys_admin_only():
+    """The recommended wrapper: a pod user namespace (tests/test_real_runc_userns.py runs
+    the same setup under runc), CAP_SYS_ADMIN added and nothing privileged."""
+    spec = pod_spec("wrapper", "deployment.yaml")
+    assert spec["hostUsers"] is False
+    (app,) = spec["containers"]
+    assert app["command"][:3] == ["guestfs", "run", "--"]
+    sc = app["securityContext"]
+    assert sc.get("privileged") is False and sc["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert {"name": "fuse", "mountPath": "/dev/fuse"} in app["volumeMounts"]
+
+
+def test_sidecar_needs_no_privileged_mode_nor_bidirectional_propagation():
+    """attach moves the files in (open_tree + move_mount, tests/test_attach_userns.py), so
+    the sidecar needs three capabilities of the pod's user namespace and no propagation."""
+    spec = pod_spec("sidecar", "deployment.yaml")
+    assert spec["hostUsers"] is False and spec["shareProcessNamespace"] is True
+    (sidecar,) = spec["initContainers"]
+    assert "guestfs attach --watch" in " ".join(sidecar["args"])
+    sc = sidecar["securityContext"]
+    assert sc.get("privileged") is False
+    assert set(sc["capabilities"]["add"]) == {"SYS_ADMIN", "SYS_PTRACE", "SYS_CHROOT"}
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    for c in all_containers(spec):
+        assert not c.get("securityContext", {}).get("privileged")
+        for vm in c.get("volumeMounts", []):
+            assert vm.get("mountPropagation", "None") == "None", (c["name"], vm)
+    for app in spec["containers"]:   # the app images and specs stay untouched
+        assert "securityContext" not in app and "volumeMounts" not in app
