@@ -60,15 +60,16 @@ def all_containers(spec: dict) -> list[dict]:
     return spec.get("containers", []) + spec.get("initContainers", [])
 
 
-def test_wrapper_is_user_namespaced_with_sys_admin_only():
+def test_wrapper_is_user_namespaced_with_sys_admin_and_setpcap_only():
     """The recommended wrapper: a pod user namespace (tests/test_real_runc_userns.py runs
-    the same setup under runc), CAP_SYS_ADMIN added and nothing privileged."""
+    the same setup under runc), CAP_SYS_ADMIN added (and CAP_SETPCAP, with which `run`
+    takes CAP_SYS_ADMIN out of the app's bounding set) and nothing privileged."""
     spec = pod_spec("wrapper", "deployment.yaml")
     assert spec["hostUsers"] is False
     (app,) = spec["containers"]
     assert app["command"][:3] == ["guestfs", "run", "--"]
     sc = app["securityContext"]
-    assert sc.get("privileged") is False and sc["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert sc.get("privileged") is False and sc["capabilities"]["add"] == ["SYS_ADMIN", "SETPCAP"]
     assert {"name": "fuse", "mountPath": "/dev/fuse"} in app["volumeMounts"]
 
 
