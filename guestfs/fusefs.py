@@ -15,7 +15,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from guestfs.server import ViewServer
+from guestfs.server import UnseenReader, ViewServer
 from guestfs.view import SERVED_FILES
 
 DIR_MODE = stat.S_IFDIR | 0o555
@@ -42,16 +42,28 @@ class OpenSnapshots:
 
     mfusepy leaves callbacks we do not define to libfuse's C defaults, and a Python
     release() costs every open/read/close about 100 us here (it runs while the reader's
-    next open waits for the GIL). So renderings are dropped oldest first once they pass
-    ``max_bytes``: a handle held open across that many bytes of newer renderings gets a
+    next open waits for the GIL). So nothing tells us when a handle closes: renderings are
+    dropped oldest first once there are more than ``max_entries`` of them or they pass
+    ``max_bytes`` (each counted with its dict and object overhead, so a million opens of a
+    4-byte file are bounded too). A handle held open past that many newer renderings gets a
     fresh rendering at its next read.
     """
 
-    def __init__(self, max_bytes: int = 32 << 20) -> None:
+    ENTRY_OVERHEAD = 200  # bytes per entry beside the data: dict slot, int, bytes header
+
+    def __init__(self, max_entries: int = 8192, max_bytes: int = 32 << 20) -> None:
+        self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._data: dict[int, bytes] = {}
         self._bytes = 0
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
 
     def get(self, fh: int) -> bytes | None:
         return self._data.get(fh)
@@ -59,10 +71,14 @@ class OpenSnapshots:
     def put(self, fh: int, data: bytes) -> None:
         with self._lock:
             old = self._data.pop(fh, None)
-            self._bytes += len(data) - (len(old) if old is not None else 0)
+            if old is not None:
+                self._bytes -= len(old) + self.ENTRY_OVERHEAD
             self._data[fh] = data
-            while self._bytes > self.max_bytes and len(self._data) > 1:
-                self._bytes -= len(self._data.pop(next(iter(self._data))))
+            self._bytes += len(data) + self.ENTRY_OVERHEAD
+            while len(self._data) > 1 and (len(self._data) > self.max_entries
+                                           or self._bytes > self.max_bytes):
+                gone = self._data.pop(next(iter(self._data)))
+                self._bytes -= len(gone) + self.ENTRY_OVERHEAD
 
 
 def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
@@ -70,6 +86,13 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
     dirs, files = _tree()
     t = time.time_ns()  # every file and directory carries the mount's start time
     erofs = fuse.FuseOSError(errno.EROFS)
+
+    def render(path: str) -> bytes:
+        try:
+            return server.render(path, fuse.fuse_get_context()[2])
+        except UnseenReader:
+            # The server counted and logged it; the reader gets a plain permission error.
+            raise fuse.FuseOSError(errno.EACCES) from None
 
     class GuestFS(fuse.Operations):  # type: ignore[misc, name-defined]
         use_ns = True
@@ -81,7 +104,11 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
             # direct_io (gVisor): getattr renders the file for the asking pid and reports
             # its length; that same rendering is what the next open of it serves.
             self.sized = False
-            self._sized: dict[tuple[int, str], bytes] = {}
+            self._sized: dict[tuple[object, str], bytes] = {}
+
+        @property
+        def kept_renderings(self) -> OpenSnapshots:
+            return self._snapshots
 
         def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
             if path in dirs:
@@ -89,11 +116,11 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
                         "st_atime": t}
             if path in files:
                 if self.sized:
-                    pid = fuse.fuse_get_context()[2]
-                    data = server.render(path, pid)
+                    who = server.reader(fuse.fuse_get_context()[2])
+                    data = render(path)
                     if len(self._sized) > SIZED_ENTRIES:  # stat()s never followed by open()
                         self._sized.clear()
-                    self._sized[(pid, path)] = data
+                    self._sized[(who, path)] = data
                     size = len(data)
                 else:
                     # procfs reports size 0 and sysfs 4096; direct_io makes reads ignore it.
@@ -122,7 +149,8 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
             fi.direct_io = 1
             fi.fh = next(self._next)
             if self.sized:
-                data = self._sized.pop((fuse.fuse_get_context()[2], path), None)
+                who = server.reader(fuse.fuse_get_context()[2])
+                data = self._sized.pop((who, path), None)
                 if data is not None:
                     self._snapshots.put(fi.fh, data)
             return 0
@@ -133,7 +161,7 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
             fh = fi.fh
             data = None if offset == 0 and not self.sized else self._snapshots.get(fh)
             if data is None:
-                data = server.render(path, fuse.fuse_get_context()[2])
+                data = render(path)
                 self._snapshots.put(fh, data)
             return data[offset:offset + size]
 

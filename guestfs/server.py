@@ -23,7 +23,7 @@ from guestfs.limits import EffectiveLimits, effective_limits
 from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
 from guestfs.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
-from guestfs.usage import container_incarnation, pidns_init, read_task_counts
+from guestfs.usage import container_incarnation, pidns_init, read_task_counts, stat_fields
 from guestfs.view import ViewState, render_file
 
 log = logging.getLogger("guestfs.server")
@@ -36,6 +36,15 @@ DEFAULT_CACHE_TTL = 0.5
 UNCACHED = frozenset({"/proc/uptime"})
 PINNED = "cgroup:"
 FAST_ENTRIES = 16384
+# A reader is (pid, start time): a pid alone is reused once its process exits, and a new
+# process must never be served a view cached for the old one (another container's).
+Reader = tuple[int, int | None]
+
+
+class UnseenReader(PermissionError):
+    """The reader is not visible to the daemon (another pid namespace, or a /proc that is
+    not the daemon's): a per-caller view cannot know its cgroup, so the read is refused
+    (EACCES) rather than served the daemon's own or anyone else's numbers."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,7 @@ class ViewServer:
         self.config = config
         ttl = config.cache_ttl
         self._lock = threading.Lock()
-        self._pid_keys: TTLCache[int, tuple[str, str]] = TTLCache(8192, ttl)
+        self._pid_keys: TTLCache[Reader, tuple[str, str]] = TTLCache(8192, ttl)
         self._views: TTLCache[str, _View] = TTLCache(1024, ttl)
         # (view key, path) -> (deadline, bytes); the deadline is the view's birth + TTL.
         self._rendered: TTLCache[tuple[str, str], tuple[float, bytes]] = TTLCache(8192, ttl)
@@ -88,41 +97,104 @@ class ViewServer:
         self._last_good: LRUCache[tuple[str, str], bytes] = LRUCache(4096)
         self._last_view: LRUCache[str, _View] = LRUCache(1024)
         self.fallbacks: Counter[str] = Counter()
-        # The hot path: (pid, path) -> (deadline, bytes), a plain dict read without a lock.
-        self._fast: dict[tuple[int, str], tuple[float, bytes]] = {}
+        self.refusals: Counter[str] = Counter()   # unseen readers, by cause
+        # The hot path: (reader, path) -> (deadline, bytes), a plain dict read without a lock.
+        self._fast: dict[tuple[Reader, str], tuple[float, bytes]] = {}
+        self._proc_is_ours = self._check_proc()
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self.errors = 0
 
     # ------------------------------------------------------------ which view
 
+    def _check_proc(self) -> bool:
+        """Whether the pids FUSE reports (numbered in the daemon's pid namespace) name the
+        same processes in the /proc the daemon reads. A daemon started by `unshare --pid
+        --fork` without its own procfs sees its parent namespace's /proc: pid 5 there is
+        another process than the reader 5."""
+        if self.host.root not in ("", "/"):
+            return True  # a fixture root: its pids are the ones the test asks for
+        try:
+            ours = os.readlink("/proc/self") == str(os.getpid())
+        except OSError:
+            ours = False
+        if not ours:
+            log.warning("/proc is not this daemon's pid namespace's: readers cannot be told "
+                        "apart, so per-caller reads are refused (use --cgroup or --view self)")
+        return ours
+
+    def start_time(self, pid: int) -> int | None:
+        """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names
+        one process for its whole life. None when unreadable."""
+        text = self.host.try_read_small(f"/proc/{pid}/stat")
+        if text is None:
+            return None
+        try:
+            return int(stat_fields(text)[19])
+        except (ValueError, IndexError):
+            return None
+
+    def reader(self, pid: int) -> Reader:
+        """The reader's identity; pid 0 (FUSE's answer for a reader outside the daemon's pid
+        namespace) has none. Fixed views ignore it, so they pay no /proc read."""
+        if pid <= 0 or self.fixed_view:
+            return (pid, None)
+        return (pid, self.start_time(pid))
+
+    @property
+    def fixed_view(self) -> bool:
+        return self.config.cgroup is not None or self.config.view == "self"
+
+    def _refuse(self, cause: str, pid: int) -> UnseenReader:
+        self.refusals[cause] += 1
+        if self.refusals[cause] == 1:
+            log.warning("refusing reads (EACCES) from pid %d: %s (logged once per cause)",
+                        pid, cause)
+        return UnseenReader(f"pid {pid}: {cause}")
+
     def _candidates(self, pid: int) -> list[str]:
-        """Pids to try, best first; an exited pid falls through to the next."""
-        if self.config.view == "self" or pid <= 0:
-            return ["self"]
+        """Pids whose cgroup names the view, best first. Never the daemon's own: a reader
+        it cannot see must not silently get the daemon's numbers."""
         if self.config.view == "init":
             init = pidns_init(self.host, str(pid))
-            return [p for p in (init, str(pid), "self") if p]
-        return [str(pid), "self"]
+            return [p for p in (init, str(pid)) if p]
+        return [str(pid)]
 
-    def key_for(self, pid: int) -> tuple[str, str]:
+    def key_for(self, pid: int, who: Reader | None = None) -> tuple[str, str]:
         """(view key, pid used). The key is the pid's /proc/<pid>/cgroup text: readers in
-        the same cgroups share one view."""
+        the same cgroups share one view. Raises UnseenReader for a reader the daemon cannot
+        see when the view depends on the reader."""
         if self.config.cgroup is not None:
             return PINNED + self.config.cgroup, "self"
+        if self.config.view == "self":
+            return self._self_key()
+        if pid <= 0:
+            raise self._refuse("pid 0: the reader is outside the daemon's pid namespace", pid)
+        if not self._proc_is_ours:
+            raise self._refuse("/proc is not the daemon's pid namespace's", pid)
+        who = who if who is not None else self.reader(pid)
         with self._lock:
-            hit = self._pid_keys.get(pid)
+            hit = self._pid_keys.get(who)
         if hit is not None:
             return hit
         for cand in self._candidates(pid):
             text = self.host.try_read_small(f"/proc/{cand}/cgroup")
             # Empty is an answer, not an absence: inside gVisor no cgroup is visible.
-            if text is not None:
-                key = (text, cand)
-                with self._lock:
-                    self._pid_keys[pid] = key
-                return key
-        raise PidGone(f"no readable /proc/<pid>/cgroup for pid {pid} or the daemon")
+            if text is None:
+                continue
+            if self.start_time(pid) != who[1]:
+                break  # the reader exited and its pid was reused while we looked
+            key = (text, cand)
+            with self._lock:
+                self._pid_keys[who] = key
+            return key
+        raise self._refuse("no /proc/<pid>/cgroup for the reader in the daemon's /proc", pid)
+
+    def _self_key(self) -> tuple[str, str]:
+        text = self.host.try_read_small("/proc/self/cgroup")
+        if text is None:
+            raise PidGone("no readable /proc/self/cgroup for the daemon")
+        return text, "self"
 
     def _build_view(self, key: str, pid: str) -> _View:
         # The key is the cgroup membership text itself, so no second read of
@@ -180,20 +252,25 @@ class ViewServer:
         moment its cgroup files were read + cache_ttl), and every cache layer keeps it, so
         no number is older than cache_ttl (plus render time) and two readers of one view at
         the same moment get the same bytes."""
-        hit = self._fast.get((pid, path))
+        who = self.reader(pid)
+        hit = self._fast.get((who, path))
         if hit is not None and time.monotonic() < hit[0]:
             return hit[1]
-        deadline, data = self._render(path, pid)
+        deadline, data = self._render(path, pid, who)
         if path not in UNCACHED and self.config.cache_ttl > 0:
             if len(self._fast) > FAST_ENTRIES:
                 self._fast.clear()
-            self._fast[(pid, path)] = (deadline, data)
+            self._fast[(who, path)] = (deadline, data)
         return data
 
-    def _render(self, path: str, pid: int) -> tuple[float, bytes]:
-        key = None
+    def _render(self, path: str, pid: int, who: Reader) -> tuple[float, bytes]:
         try:
-            key, used = self.key_for(pid)
+            key, used = self.key_for(pid, who)
+        except UnseenReader:
+            raise  # refused, never served a fallback
+        except Exception as e:  # noqa: BLE001 - a bad cgroup file must not kill the daemon
+            return time.monotonic(), self._degraded(path, pid, None, e)
+        try:
             if path not in UNCACHED:
                 with self._lock:
                     hit = self._rendered.get((key, path))
