@@ -8,7 +8,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -96,7 +98,7 @@ def test_a_reused_pid_in_another_cgroup_sees_that_cgroups_limits(tmp_path):
         finally:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, err + open(log).read()
+    assert proc.returncode == 0, err + Path(log).read_text()
     lines = out.splitlines()
     assert [ln.split()[0] for ln in lines] == ["20000", "20000"], out
     assert lines[0].split()[2] == str(512 * 1024), out
@@ -125,7 +127,7 @@ def test_a_reader_outside_the_daemons_pid_namespace(tmp_path, view, served):
                             stdout=subprocess.PIPE)
     try:
         ready = proc.stdout.readline().split()
-        assert ready[:3] == ["ready", "0", "MemTotal:"], (ready, open(log).read())
+        assert ready[:3] == ["ready", "0", "MemTotal:"], (ready, Path(log).read_text())
         # The unshare process shares the daemon's mount namespace but not its pid one.
         outside = f"/proc/{proc.pid}/root{mp}/proc/meminfo"
         if served:
@@ -140,7 +142,7 @@ def test_a_reader_outside_the_daemons_pid_namespace(tmp_path, view, served):
     finally:
         proc.kill()
         proc.wait()
-    text = open(log).read()
+    text = Path(log).read_text()
     refused = "refusing reads (EACCES) from pid 0: pid 0: the reader is outside"
     assert (refused in text) is not served, text
 
@@ -161,7 +163,90 @@ def test_a_proc_of_another_pid_namespace_refuses_per_caller_reads(tmp_path):
                            textwrap.dedent(script), mp, log], capture_output=True, text=True,
                           timeout=120)
     force_unmount(mp)
-    assert proc.returncode == 0, proc.stderr + open(log).read()
+    assert proc.returncode == 0, proc.stderr + Path(log).read_text()
     assert re.match(r"1 cat: .*Permission denied", proc.stdout), proc.stdout
-    assert "/proc is not this daemon's pid namespace's" in open(log).read()
+    assert "/proc is not this daemon's pid namespace's" in Path(log).read_text()
 
+
+
+def status_fields(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(ln.rstrip("\n").split(":\t", 1) for ln in f if ":\t" in ln)
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_the_mounted_daemon_keeps_only_cap_sys_ptrace_and_no_new_privs(tmp_path):
+    """Once mounted the daemon holds CAP_SYS_PTRACE alone (effective, permitted,
+    bounding) and NoNewPrivs; it still serves a reader of another uid its own cgroup's
+    view (and uptime, whose source needs the ptrace read check), and on SIGTERM the mount
+    is gone and its unmount watcher has exited."""
+    top = tempfile.mkdtemp(prefix="guestfs-caps-")  # pytest's tmp is 0700: nobody needs in
+    os.chmod(top, 0o755)
+    mp = f"{top}/mnt"
+    try:
+        caps_and_reader_of_another_uid(tmp_path, mp)
+    finally:
+        force_unmount(mp)
+        shutil.rmtree(top)
+
+
+def caps_and_reader_of_another_uid(tmp_path: Path, mp: str) -> None:
+    with v1_cgroup(256 * MiB, 100000, 100000) as cg:
+        with mounted(mp, "--allow-other", log=str(tmp_path / "log")) as proc:
+            st = status_fields(proc.pid)
+            ptrace_only = f"{1 << 19:016x}"
+            assert (st["CapEff"], st["CapPrm"], st["CapBnd"]) == (ptrace_only,) * 3, st
+            assert (st["CapInh"], st["CapAmb"], st["NoNewPrivs"]) == ("0" * 16,) * 2 + ("1",)
+            watchers = children(proc.pid)
+            assert len(watchers) == 1
+            procs = " ".join(f"{d}/cgroup.procs" for d in cg.dirs.values())
+            out = subprocess.run(
+                ["sh", "-c", f'for p in {procs}; do echo $$ > $p; done; exec setpriv '
+                 f'--reuid 65534 --regid 65534 --clear-groups sh -c "head -1 {mp}/proc/meminfo;'
+                 f' cat {mp}/proc/uptime"'], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            mem, uptime = out.stdout.splitlines()
+            assert mem.split()[1] == str(256 * 1024)
+            assert float(uptime.split()[0]) < 60  # the container's age, not the host's
+            proc.send_signal(15)
+            assert proc.wait(timeout=30) == 0
+        with open("/proc/self/mountinfo") as f:
+            assert mp not in f.read()
+        assert not any(os.path.exists(f"/proc/{w}") and status_fields(w)["State"][0] != "Z"
+                       for w in watchers)
+    log = (tmp_path / "log").read_text()
+    assert "capabilities dropped but CAP_SYS_PTRACE" in log and "Traceback" not in log
+
+
+def test_open_renderings_stay_bounded_by_entries_over_20000_opens(tmp_path):
+    """20,000 opens of the 4-byte cpu/online file, half read and closed, half read and
+    left open: the daemon keeps at most 8192 renderings (it reports the count when it
+    stops), not one per open."""
+    mp = str(tmp_path / "mnt")
+    reader = textwrap.dedent("""
+        import os, resource, sys
+        resource.setrlimit(resource.RLIMIT_NOFILE, (20000, 20000))
+        path, held = sys.argv[1], []
+        for i in range(20000):
+            fd = os.open(path, os.O_RDONLY)
+            assert os.read(fd, 4096)
+            if i % 2 or len(held) > 9000:
+                os.close(fd)
+            else:
+                held.append(fd)
+        print(len(held))
+    """)
+    with mounted(mp, log=str(tmp_path / "log")) as proc:
+        out = subprocess.run([sys.executable, "-c", reader,
+                              f"{mp}/sys/devices/system/cpu/online"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert int(out.stdout) == 9001
+        proc.send_signal(15)
+        assert proc.wait(timeout=30) == 0
+    kept = re.search(r"(\d+) open renderings kept", (tmp_path / "log").read_text())
+    assert kept is not None and 0 < int(kept.group(1)) <= 8192, kept
