@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import stat
 import threading
@@ -15,12 +16,41 @@ import time
 from types import ModuleType
 from typing import Any
 
+from guestfs.hostroot import HostRoot
 from guestfs.server import UnseenReader, ViewServer
 from guestfs.view import SERVED_FILES
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 SIZED_ENTRIES = 4096
+PAGE = 4096
+# A /proc file whose host original is longer than this may outgrow one page once rendered
+# (digits differ from the host's): it keeps procfs's size 0.
+PAGE_MARGIN = 1024
+
+log = logging.getLogger("guestfs.fusefs")
+
+
+def page_sized_files(host: HostRoot) -> set[str]:
+    """The served files reported as one page long (sysfs's convention) rather than 0.
+
+    Why: a file's size is what the kernel's mmap of it checks. A private mmap of a FUSE file
+    opened with direct_io goes through the page cache, and with a size of 0 its first access
+    is SIGBUS — FUSE gives the server no way to refuse the mmap itself. With a size of one
+    page the fault reads page 0 through our read() for the mapping's own open, so the
+    mapping holds that reader's bytes (then zeros, as sysfs files do). Only files that
+    always fit in a page can say so: a larger size would make readers that trust st_size
+    (Node's readFile) stop early or mmap pages past the end, and a size of one page for a
+    longer file would cut them short."""
+    paged = set()
+    for f in SERVED_FILES:
+        if f.startswith("/sys/"):
+            paged.add(f)
+            continue
+        text = host.try_read_text(f)
+        if text is None or len(text.encode()) <= PAGE - PAGE_MARGIN:
+            paged.add(f)  # absent on the host (no PSI): ours is a few fixed lines
+    return paged
 
 
 def _tree() -> tuple[dict[str, list[str]], set[str]]:
@@ -84,6 +114,7 @@ class OpenSnapshots:
 def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
     """An Operations instance for the binding module ``fuse`` (fusepy or mfusepy)."""
     dirs, files = _tree()
+    paged = page_sized_files(server.host)
     t = time.time_ns()  # every file and directory carries the mount's start time
     erofs = fuse.FuseOSError(errno.EROFS)
 
@@ -110,6 +141,12 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
         def kept_renderings(self) -> OpenSnapshots:
             return self._snapshots
 
+        @property
+        def size_probe(self) -> str | None:
+            """A served file whose reported size is 0, to find out whether the FUSE client
+            reads past st_size (docs/mount.md); None when every file reports its size."""
+            return next((f for f in sorted(files) if f not in paged), None)
+
         def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
             if path in dirs:
                 return {"st_mode": DIR_MODE, "st_nlink": 2, "st_mtime": t, "st_ctime": t,
@@ -123,8 +160,9 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
                     self._sized[(who, path)] = data
                     size = len(data)
                 else:
-                    # procfs reports size 0 and sysfs 4096; direct_io makes reads ignore it.
-                    size = 4096 if path.startswith("/sys/") else 0
+                    # One page for files that always fit in one (so mmap works), else
+                    # procfs's 0; direct_io makes reads ignore it either way.
+                    size = PAGE if path in paged else 0
                 return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": size,
                         "st_mtime": t, "st_ctime": t, "st_atime": t}
             raise fuse.FuseOSError(errno.ENOENT)
@@ -163,6 +201,12 @@ def make_operations(fuse: ModuleType, server: ViewServer) -> Any:
             if data is None:
                 data = render(path)
                 self._snapshots.put(fh, data)
+                if len(data) > PAGE and path in paged:
+                    # Longer than the size we report: report 0 from now on (a reader that
+                    # trusts st_size would stop at the page).
+                    paged.discard(path)
+                    log.warning("%s rendered %d bytes, more than one page: reporting size 0",
+                                path, len(data))
             return data[offset:offset + size]
 
         def statfs(self, path: str) -> dict[str, int]:

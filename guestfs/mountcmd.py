@@ -98,9 +98,12 @@ def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
     if not wait_until(lambda: bool(_read_from_child(f"{mp}{PROBE_FILE}")), timeout, 0.05):
         log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
         return
-    data = _read_from_child(f"{mp}/proc/uptime")
+    probe = ops.size_probe  # type: ignore[attr-defined]
+    if probe is None:
+        return  # every file reports a size its content fits in: any client reads it all
+    data = _read_from_child(f"{mp}{probe}")
     if data is None:
-        log.warning("size probe failed: %s/proc/uptime could not be read", mp)
+        log.warning("size probe failed: %s%s could not be read", mp, probe)
         return
     empty = not data
     if empty:

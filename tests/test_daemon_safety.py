@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -250,3 +251,56 @@ def test_open_renderings_stay_bounded_by_entries_over_20000_opens(tmp_path):
         assert proc.wait(timeout=30) == 0
     kept = re.search(r"(\d+) open renderings kept", (tmp_path / "log").read_text())
     assert kept is not None and 0 < int(kept.group(1)) <= 8192, kept
+
+
+MMAP_EVERY_FILE = """
+    import ctypes, errno, os, sys
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    PROT_READ, MAP_PRIVATE, MAP_SHARED, FAILED = 1, 2, 1, ctypes.c_void_p(-1).value
+    for path in sys.argv[1:]:
+        fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(fd).st_size
+        with open(path, "rb") as f:
+            content = f.read()
+        # MAP_SHARED of a direct_io file: refused by the kernel, a clean error.
+        assert libc.mmap(None, 4096, PROT_READ, MAP_SHARED, fd, 0) in (None, FAILED)
+        if path.endswith("/proc/meminfo"):  # as reported: a page mapped, then touched
+            addr = libc.mmap(None, 4096, PROT_READ, MAP_PRIVATE, fd, 0)
+            assert ctypes.string_at(addr, 9) == b"MemTotal:"
+        addr = libc.mmap(None, size, PROT_READ, MAP_PRIVATE, fd, 0)
+        if size == 0:  # procfs-style: refused at mmap time, as an empty file is
+            assert addr in (None, FAILED) and ctypes.get_errno() == errno.EINVAL, path
+            print(path, 0, "EINVAL", flush=True)
+            continue
+        assert addr not in (None, FAILED), (path, os.strerror(ctypes.get_errno()))
+        mapped = ctypes.string_at(addr, size)  # touches every page: SIGBUS would kill us
+        # This open's rendering, then zeros (counters may have moved since the read).
+        text = mapped.rstrip(b"\\0")
+        assert b"\\0" not in text and text.endswith(b"\\n"), (path, mapped[:200])
+        assert text.split()[0] == content.split()[0], (path, mapped[:80])
+        assert text.count(b"\\n") == content.count(b"\\n"), (path, mapped[:200])
+        print(path, size, "ok", flush=True)
+"""
+
+
+def test_mmap_of_every_served_file_never_dies_of_sigbus(tmp_path):
+    """A private mmap either maps the reader's own bytes (files reporting one page) or is
+    refused by mmap() itself (files reporting 0); the MAP_SHARED one is refused. Run in a
+    subprocess: a SIGBUS there cannot take pytest down."""
+    from guestfs.view import SERVED_FILES
+
+    mp = str(tmp_path / "mnt")
+    with mounted(mp, log=str(tmp_path / "log")):
+        files = [mp + f for f in SERVED_FILES if os.path.exists(f)]
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(MMAP_EVERY_FILE), *files],
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode != -signal.SIGBUS, out.stdout
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
+    results = [ln.split() for ln in out.stdout.splitlines()]
+    assert len(results) == len(files)
+    # On this kernel every /proc file fits in a page: the common case maps for real.
+    assert {r[0][len(mp):] for r in results if r[2] == "ok"} >= {
+        "/proc/meminfo", "/proc/uptime", "/proc/loadavg", "/sys/devices/system/cpu/online"}
