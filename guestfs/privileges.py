@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import signal
 from dataclasses import dataclass
 
 from guestfs import sysmount
-from guestfs.mountinfo import unescape
 
 log = logging.getLogger("guestfs.privileges")
 
@@ -110,19 +110,6 @@ def drop_privileges(keep: frozenset[int] = KEPT_CAPS) -> None:
 class FuseMount:
     fd: int              # the /dev/fuse connection, for libfuse3 as /dev/fd/N
     mountpoint: str
-    mount_id: int        # ours in /proc/self/mountinfo, so the watcher detaches only it
-
-
-def _top_mount_id(mp: str) -> int | None:
-    """The id of the last (topmost) mount at ``mp`` in our mount table."""
-    with open("/proc/self/mountinfo") as f:
-        text = f.read()
-    ids = []
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) > 4 and fields[0].isdigit() and unescape(fields[4]) == mp:
-            ids.append(int(fields[0]))
-    return ids[-1] if ids else None
 
 
 def mount_fuse(mp: str, fsname: str, allow_other: bool) -> FuseMount:
@@ -133,23 +120,29 @@ def mount_fuse(mp: str, fsname: str, allow_other: bool) -> FuseMount:
             "default_permissions" + (",allow_other" if allow_other else ""))
     flags = sysmount.MS_RDONLY | MS_NOSUID | MS_NODEV
     try:
-        sysmount.mount(fsname, mp, f"fuse.{fsname}", flags, opts)
-        mount_id = _top_mount_id(mp)
-        if mount_id is None:
-            raise OSError(f"{mp}: mounted, yet not in /proc/self/mountinfo")
+        try:
+            sysmount.mount(fsname, mp, f"fuse.{fsname}", flags, opts)
+        except OSError as e:
+            if e.errno != errno.ENODEV:
+                raise
+            # No subtype support (gVisor): plain "fuse", as libfuse falls back to.
+            sysmount.mount(fsname, mp, "fuse", flags, opts)
     except OSError:
         os.close(fd)
         raise
-    return FuseMount(fd, mp, mount_id)
+    # Nothing may look at the new mount until libfuse serves it: gVisor's sentry even
+    # asks the server while generating /proc/self/mountinfo, so reading it would hang.
+    return FuseMount(fd, mp)
 
 
-def _detach_if_ours(m: FuseMount) -> None:
-    if _top_mount_id(m.mountpoint) != m.mount_id:
-        return  # already gone, or another mount on top: not ours to remove
-    # NOFOLLOW: as root, never through a symlink swapped in for the mount point.
-    if _libc.umount2(os.fsencode(m.mountpoint), sysmount.MNT_DETACH | UMOUNT_NOFOLLOW):
-        e = ctypes.get_errno()
-        raise OSError(e, f"umount {m.mountpoint}: {os.strerror(e)}")
+def _detach(m: FuseMount) -> None:
+    """What libfuse does on a clean stop, lazily. NOFOLLOW: as root, never through a
+    symlink swapped in for the mount point. gVisor refuses the flag (EINVAL, as for a
+    path that is no longer a mount point): then without it, inside its sandbox."""
+    path = os.fsencode(m.mountpoint)
+    if _libc.umount2(path, sysmount.MNT_DETACH | UMOUNT_NOFOLLOW) != 0 \
+            and ctypes.get_errno() == errno.EINVAL:
+        _libc.umount2(path, sysmount.MNT_DETACH)
 
 
 def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
@@ -167,7 +160,7 @@ def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
             # b"u": the server stopped cleanly. EOF without it: the server was killed;
             # the stale mount is then left for the next start to detach, as before.
             if os.read(r, 1) == b"u":
-                _detach_if_ours(m)
+                _detach(m)
         except BaseException:  # noqa: BLE001 - never return into the server's code
             os._exit(1)
         os._exit(0)
@@ -194,7 +187,11 @@ class Dropped:
     pipe: int
 
     def finish(self) -> None:
-        """The server stopped: have the watcher detach the mount, and wait for it."""
+        """The server stopped: close the connection if libfuse has not, so nothing can
+        block on the mount any more, then have the watcher detach it and wait for it."""
+        with contextlib.suppress(OSError):
+            if os.fstat(self.mount.fd).st_rdev == os.stat("/dev/fuse").st_rdev:
+                os.close(self.mount.fd)
         stop_unmount_watcher(self.watcher, self.pipe, clean=True)
 
 
