@@ -100,7 +100,9 @@ def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
         return
     probe = ops.size_probe  # type: ignore[attr-defined]
     if probe is None:
-        return  # every file reports a size its content fits in: any client reads it all
+        log.info("every served file reports one page, which its content fits in: no size "
+                 "probe needed")
+        return
     data = _read_from_child(f"{mp}{probe}")
     if data is None:
         log.warning("size probe failed: %s%s could not be read", mp, probe)
