@@ -36,9 +36,9 @@ from tests.fusemount import mounted  # noqa: E402
 MiB = 1 << 20
 
 
-def _reader(mnt: str, opens: int, hold: int) -> None:
+def _reader(mnt: str, opens: int, hold: int, only: str | None) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hold + 64, hold + 64))
-    files = [mnt + f for f in SERVED_FILES if os.path.exists(f)]
+    files = [mnt + f for f in ([only] if only else SERVED_FILES) if os.path.exists(f)]
     held: list[int] = []
     for i in range(opens):
         fd = os.open(files[i % len(files)], os.O_RDONLY)
@@ -66,6 +66,8 @@ def main() -> int:
     ap.add_argument("--opens", type=int, default=1_000_000)
     ap.add_argument("--readers", type=int, default=4)
     ap.add_argument("--hold", type=int, default=16000, help="open files each reader keeps")
+    ap.add_argument("--file", help="open only this served file (e.g. the 4-byte "
+                    "/sys/devices/system/cpu/online) instead of every one in turn")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -87,7 +89,7 @@ def main() -> int:
             sampler.start()
             t0 = time.monotonic()
             per = args.opens // args.readers
-            procs = [mp.Process(target=_reader, args=(mnt, per, args.hold))
+            procs = [mp.Process(target=_reader, args=(mnt, per, args.hold, args.file))
                      for _ in range(args.readers)]
             for p in procs:
                 p.start()
@@ -103,6 +105,7 @@ def main() -> int:
         kept = re.search(r"(\d+) open renderings kept", Path(log).read_text())
     failed = [p.exitcode for p in procs if p.exitcode]
     results = {"opens": per * args.readers, "readers": args.readers, "hold": args.hold,
+               "file": args.file or "every served file",
                "seconds": round(seconds, 1), "rss_before_kib": before,
                "rss_after_kib": after, "rss_peak_kib": peak,
                "rss_max_sampled_kib": max(samples, default=after),
