@@ -304,3 +304,20 @@ def test_mmap_of_every_served_file_never_dies_of_sigbus(tmp_path):
     # On this kernel every /proc file fits in a page: the common case maps for real.
     assert {r[0][len(mp):] for r in results if r[2] == "ok"} >= {
         "/proc/meminfo", "/proc/uptime", "/proc/loadavg", "/sys/devices/system/cpu/online"}
+
+
+def test_reader_ids_read_the_start_time_once_per_process_and_again_after_it_exits():
+    from guestfs.server import ReaderIds
+
+    reads: list[int] = []
+    ids = ReaderIds(lambda pid: reads.append(pid) or len(reads), use_pidfd=True)
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        assert ids(proc.pid) == ids(proc.pid) == (proc.pid, 1)
+        assert reads == [proc.pid]          # the second request only polled its pidfd
+    finally:
+        proc.kill()
+        proc.wait()
+    # Exited (and reaped: the pid is free for reuse): the identity is looked up afresh.
+    assert ids(proc.pid) == (proc.pid, 2)
+    ids.close()
