@@ -17,6 +17,7 @@ import pytest
 
 from tests.fusemount import force_unmount, mounted, require_fuse
 from tests.realcg import v1_cgroup
+from tests.test_faults_daemon import watcher_of
 
 pytestmark = pytest.mark.real
 MiB = 1 << 20
@@ -175,11 +176,6 @@ def status_fields(pid: int) -> dict[str, str]:
         return dict(ln.rstrip("\n").split(":\t", 1) for ln in f if ":\t" in ln)
 
 
-def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
-
-
 def test_the_mounted_daemon_keeps_only_cap_sys_ptrace_and_no_new_privs(tmp_path):
     """Once mounted the daemon holds CAP_SYS_PTRACE alone (effective, permitted,
     bounding) and NoNewPrivs; it still serves a reader of another uid its own cgroup's
@@ -202,8 +198,7 @@ def caps_and_reader_of_another_uid(tmp_path: Path, mp: str) -> None:
             ptrace_only = f"{1 << 19:016x}"
             assert (st["CapEff"], st["CapPrm"], st["CapBnd"]) == (ptrace_only,) * 3, st
             assert (st["CapInh"], st["CapAmb"], st["NoNewPrivs"]) == ("0" * 16,) * 2 + ("1",)
-            watchers = children(proc.pid)
-            assert len(watchers) == 1
+            watchers = [watcher_of(proc.pid)]
             procs = " ".join(f"{d}/cgroup.procs" for d in cg.dirs.values())
             out = subprocess.run(
                 ["sh", "-c", f'for p in {procs}; do echo $$ > $p; done; exec setpriv '

@@ -31,8 +31,17 @@ def start_daemon(mp: str, log: str) -> subprocess.Popen[bytes]:
 
 
 def watcher_of(pid: int) -> int:
+    """The daemon's unmount watcher: its one child running the daemon's own command line
+    (the size probe's short-lived reader runs another)."""
+    def cmdline(p: int | str) -> bytes:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
     with open(f"/proc/{pid}/task/{pid}/children") as f:
-        (child,) = (int(p) for p in f.read().split())
+        (child,) = (int(p) for p in f.read().split() if cmdline(p) == cmdline(pid))
     return child
 
 
