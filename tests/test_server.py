@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import pytest
@@ -168,3 +169,45 @@ def test_no_cgroup_in_sight_gvisor_style(copy_fixture):
     assert got["MemTotal"] == 6 * 1024 * 1024
     assert got["MemFree"] == 6 * 1024 * 1024 - host_used
     assert got["Cached"] == 4704368             # the host's Cached, as a v2 "file"
+
+
+def test_files_report_one_page_only_while_every_rendering_fits_in_one(copy_fixture):
+    """st_size is one page for files that fit in one (so a private mmap has a page to
+    fault in) and procfs's 0 for longer ones, and for a file once a rendering outgrew it."""
+    import types
+
+    from guestfs.fusefs import PAGE, make_operations, page_sized_files
+
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    (root / "proc/cpuinfo").write_text("processor\t: 0\n" * 400)   # 5600 bytes
+    host = HostRoot(str(root))
+    paged = page_sized_files(host)
+    assert "/proc/cpuinfo" not in paged
+    assert {"/proc/meminfo", "/proc/uptime", "/sys/devices/system/cpu/online"} <= paged
+
+    class FakeServer:
+        def __init__(self) -> None:
+            self.host, self.data = host, b"x\n"
+
+        def render(self, path: str, pid: int) -> bytes:
+            return self.data
+
+        def reader(self, pid: int) -> tuple[int, None]:
+            return (pid, None)
+
+    class FuseOSError(OSError):
+        def __init__(self, errno: int) -> None:
+            super().__init__(errno, "")
+
+    fuse = types.SimpleNamespace(FuseOSError=FuseOSError, Operations=object,
+                                 fuse_get_context=lambda: (0, 0, 7))
+    srv = FakeServer()
+    ops = make_operations(fuse, srv)  # type: ignore[arg-type]
+    assert ops.getattr("/proc/cpuinfo")["st_size"] == 0
+    assert ops.getattr("/proc/meminfo")["st_size"] == PAGE
+    assert ops.size_probe == "/proc/cpuinfo"
+    fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0)
+    ops.open("/proc/meminfo", fi)
+    srv.data = b"y" * (PAGE + 1)
+    assert ops.read("/proc/meminfo", 65536, 0, fi) == srv.data
+    assert ops.getattr("/proc/meminfo")["st_size"] == 0
