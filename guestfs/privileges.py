@@ -19,6 +19,7 @@ already open.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -26,6 +27,7 @@ import errno
 import logging
 import os
 import signal
+import threading
 from dataclasses import dataclass
 
 from guestfs import sysmount
@@ -178,17 +180,25 @@ def stop_unmount_watcher(pid: int, w: int, clean: bool) -> None:
         os.waitpid(pid, 0)
 
 
-@dataclass(frozen=True)
 class Dropped:
     """A mount made by the daemon itself, whose privileges are now dropped."""
-    target: str          # what libfuse is given instead of the mount point: /dev/fd/N
-    mount: FuseMount
-    watcher: int
-    pipe: int
+
+    def __init__(self, mount: FuseMount, watcher: int, pipe: int) -> None:
+        self.target = f"/dev/fd/{mount.fd}"  # what libfuse gets instead of the mount point
+        self.mount = mount
+        self.watcher = watcher
+        self.pipe = pipe
+        self._finished = threading.Lock()
+        # However the server ends short of SIGKILL — an exception before libfuse even
+        # starts included — the mount it made is detached.
+        atexit.register(self.finish)
 
     def finish(self) -> None:
         """The server stopped: close the connection if libfuse has not, so nothing can
-        block on the mount any more, then have the watcher detach it and wait for it."""
+        block on the mount any more, then have the watcher detach it and wait for it.
+        Only the first call acts."""
+        if not self._finished.acquire(blocking=False):
+            return
         with contextlib.suppress(OSError):
             if os.fstat(self.mount.fd).st_rdev == os.stat("/dev/fuse").st_rdev:
                 os.close(self.mount.fd)
@@ -225,4 +235,4 @@ def mount_then_drop(mp: str, fsname: str, allow_other: bool,
         log.info("mounted; capabilities dropped but CAP_SYS_PTRACE (CapEff %s), "
                  "NoNewPrivs %s; unmount watcher pid %d", _status_line("CapEff"),
                  _status_line("NoNewPrivs"), pid)
-    return Dropped(f"/dev/fd/{m.fd}", m, pid, w)
+    return Dropped(m, pid, w)
