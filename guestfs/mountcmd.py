@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from guestfs import sysmount
+from guestfs import privileges, sysmount
 from guestfs.explicit import ExplicitLimits
 from guestfs.fuse_binding import load_binding
 from guestfs.fusefs import make_operations
@@ -98,9 +98,14 @@ def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
     if not wait_until(lambda: bool(_read_from_child(f"{mp}{PROBE_FILE}")), timeout, 0.05):
         log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
         return
-    data = _read_from_child(f"{mp}/proc/uptime")
+    probe = ops.size_probe  # type: ignore[attr-defined]
+    if probe is None:
+        log.info("every served file reports one page, which its content fits in: no size "
+                 "probe needed")
+        return
+    data = _read_from_child(f"{mp}{probe}")
     if data is None:
-        log.warning("size probe failed: %s/proc/uptime could not be read", mp)
+        log.warning("size probe failed: %s%s could not be read", mp, probe)
         return
     empty = not data
     if empty:
@@ -164,10 +169,13 @@ def serve(opts: MountOptions) -> int:
     host = pin_host_files(SERVED_FILES)
     server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
                                            opts.explicit, opts.cpu_rounding))
-    server.start_sampler()
     if opts.pid_file:
         with open(opts.pid_file, "w") as f:
             f.write(f"{os.getpid()}\n")
+    # Before any thread starts: capabilities are dropped per thread.
+    dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
+                                         "fuse3" in binding.libfuse)
+    server.start_sampler()
     log.info("serving %s with %s (%s); view=%s%s cache_ttl=%gs host files from %s", mp,
              binding.name, binding.libfuse, opts.view,
              f" cgroup={opts.cgroup}" if opts.cgroup else "", opts.cache_ttl, host.origin)
@@ -184,13 +192,15 @@ def serve(opts: MountOptions) -> int:
     threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
                      daemon=True).start()
     try:
-        binding.module.FUSE(ops, mp, raw_fi=True, **kwargs)
+        binding.module.FUSE(ops, dropped.target if dropped else mp, raw_fi=True, **kwargs)
     except RuntimeError as e:
         # libfuse3's fuse_main returns 8 when a signal ended the loop: a clean stop.
         if e.args != (LIBFUSE3_STOPPED_BY_SIGNAL,):
             log.error("FUSE failed on %s: %s", mp, e)
             return 1
     finally:
+        if dropped:
+            dropped.finish()
         server.stop()
         host.close()
         if opts.pid_file:
@@ -199,7 +209,8 @@ def serve(opts: MountOptions) -> int:
         if sysmount.is_stale_mount(mp) or is_guestfs_mount(mp):
             with contextlib.suppress(OSError):
                 sysmount.umount(mp, detach=True)
-    log.info("unmounted %s (%d reads fell back to host files)", mp, server.errors)
+    log.info("unmounted %s (%d reads fell back to host files, %d refused; %d open renderings "
+             "kept)", mp, server.errors, sum(server.refusals.values()), len(ops.kept_renderings))
     return 0
 
 

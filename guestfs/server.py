@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachetools import LRUCache, TTLCache
@@ -26,7 +28,7 @@ from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
 from guestfs.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
 from guestfs.timens import read_boottime_offset
-from guestfs.usage import container_incarnation, pidns_init, read_task_counts
+from guestfs.usage import container_incarnation, pidns_init, read_task_counts, stat_fields
 from guestfs.view import ViewState, render_file
 
 log = logging.getLogger("guestfs.server")
@@ -41,6 +43,87 @@ UNCACHED = frozenset({"/proc/uptime", "/proc/stat"})
 PINNED = "cgroup:"
 FAST_ENTRIES = 16384
 MAX_CAUSES = 256
+# A reader is (pid, start time): a pid alone is reused once its process exits, and a new
+# process must never be served a view cached for the old one (another container's).
+Reader = tuple[int, int | None]
+
+
+PIDFD_THREAD = os.O_EXCL  # pidfd_open flag (Linux 6.9): a pidfd for a thread id
+PIDFDS = 256              # readers remembered by pidfd; others pay a /proc read per request
+
+
+class ReaderIds:
+    """(pid, start time) of readers, without reading /proc/<pid>/stat on every request.
+
+    The first request of a pid opens a pidfd for it and reads its start time once. Later
+    requests only poll the pidfd: while it is not readable the process has not exited, so
+    the pid cannot have been reused and the remembered start time still names it. Once it
+    is readable, or where pidfds do not exist (old kernels, gVisor, a thread id before
+    Linux 6.9), the start time is read again. (The read cost ~25 us per request here; the
+    poll ~1 us.)"""
+
+    def __init__(self, start_time: Callable[[int], int | None], use_pidfd: bool) -> None:
+        self._start_time = start_time
+        self._use_pidfd = use_pidfd and hasattr(os, "pidfd_open")
+        self._known: OrderedDict[int, tuple[int, int | None]] = OrderedDict()
+        # Held across the poll: an fd closed by eviction and reused for another process's
+        # pidfd must never vouch for this pid.
+        self._lock = threading.Lock()
+
+    def __call__(self, pid: int) -> Reader:
+        with self._lock:
+            hit = self._known.get(pid)
+            if hit is not None:
+                if not _exited(hit[0]):
+                    return (pid, hit[1])
+                os.close(self._known.pop(pid)[0])
+        return self._learn(pid)
+
+    def _learn(self, pid: int) -> Reader:
+        fd = self._pidfd(pid)
+        start = self._start_time(pid)
+        if fd is None:
+            return (pid, start)
+        if _exited(fd):  # exiting while we looked: nothing to remember
+            os.close(fd)
+            return (pid, start)
+        with self._lock:
+            old = self._known.pop(pid, None)
+            self._known[pid] = (fd, start)
+            if old is not None:
+                os.close(old[0])
+            while len(self._known) > PIDFDS:
+                os.close(self._known.popitem(last=False)[1][0])
+        return (pid, start)
+
+    def _pidfd(self, pid: int) -> int | None:
+        if not self._use_pidfd:
+            return None
+        for flags in (0, PIDFD_THREAD):  # a FUSE request carries the thread's id
+            try:
+                return os.pidfd_open(pid, flags)
+            except OSError:
+                continue
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _ in self._known.values():
+                os.close(fd)
+            self._known.clear()
+
+
+def _exited(pidfd: int) -> bool:
+    try:
+        return bool(select.select([pidfd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+class UnseenReader(PermissionError):
+    """The reader is not visible to the daemon (another pid namespace, or a /proc that is
+    not the daemon's): a per-caller view cannot know its cgroup, so the read is refused
+    (EACCES) rather than served the daemon's own or anyone else's numbers."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +170,7 @@ class ViewServer:
         self.config = config
         ttl = config.cache_ttl
         self._lock = threading.Lock()
-        self._pid_keys: TTLCache[int, tuple[str, str]] = TTLCache(8192, ttl)
+        self._pid_keys: TTLCache[Reader, tuple[str, str]] = TTLCache(8192, ttl)
         self._views: TTLCache[str, _View] = TTLCache(1024, ttl)
         # (view key, path) -> (deadline, bytes); the deadline is the view's birth + TTL.
         self._rendered: TTLCache[tuple[str, str], tuple[float, bytes]] = TTLCache(8192, ttl)
@@ -95,41 +178,105 @@ class ViewServer:
         self._last_good: LRUCache[tuple[str, str], bytes] = LRUCache(4096)
         self._last_view: LRUCache[str, _View] = LRUCache(1024)
         self.fallbacks: Counter[str] = Counter()
-        # The hot path: (pid, path) -> (deadline, bytes), a plain dict read without a lock.
-        self._fast: dict[tuple[int, str], tuple[float, bytes]] = {}
+        self.refusals: Counter[str] = Counter()   # unseen readers, by cause
+        # The hot path: (reader, path) -> (deadline, bytes), a plain dict read without a lock.
+        self._fast: dict[tuple[Reader, str], tuple[float, bytes]] = {}
+        self._proc_is_ours = self._check_proc()
+        self._reader_ids = ReaderIds(self.start_time, host.root in ("", "/"))
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self.errors = 0
 
     # ------------------------------------------------------------ which view
 
+    def _check_proc(self) -> bool:
+        """Whether the pids FUSE reports (numbered in the daemon's pid namespace) name the
+        same processes in the /proc the daemon reads. A daemon started by `unshare --pid
+        --fork` without its own procfs sees its parent namespace's /proc: pid 5 there is
+        another process than the reader 5."""
+        if self.host.root not in ("", "/"):
+            return True  # a fixture root: its pids are the ones the test asks for
+        try:
+            ours = os.readlink("/proc/self") == str(os.getpid())
+        except OSError:
+            ours = False
+        if not ours:
+            log.warning("/proc is not this daemon's pid namespace's: readers cannot be told "
+                        "apart, so per-caller reads are refused (use --cgroup or --view self)")
+        return ours
+
+    def start_time(self, pid: int) -> int | None:
+        """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names
+        one process for its whole life. None when unreadable."""
+        text = self.host.try_read_small(f"/proc/{pid}/stat")
+        if text is None:
+            return None
+        try:
+            return int(stat_fields(text)[19])
+        except (ValueError, IndexError):
+            return None
+
+    def reader(self, pid: int) -> Reader:
+        """The reader's identity; pid 0 (FUSE's answer for a reader outside the daemon's pid
+        namespace) has none. Fixed views ignore it, so they pay no /proc read."""
+        if pid <= 0 or self.fixed_view:
+            return (pid, None)
+        return self._reader_ids(pid)
+
+    @property
+    def fixed_view(self) -> bool:
+        return self.config.cgroup is not None or self.config.view == "self"
+
+    def _refuse(self, cause: str, pid: int) -> UnseenReader:
+        self.refusals[cause] += 1
+        if self.refusals[cause] == 1:
+            log.warning("refusing reads (EACCES) from pid %d: %s (logged once per cause)",
+                        pid, cause)
+        return UnseenReader(f"pid {pid}: {cause}")
+
     def _candidates(self, pid: int) -> list[str]:
-        """Pids to try, best first; an exited pid falls through to the next."""
-        if self.config.view == "self" or pid <= 0:
-            return ["self"]
+        """Pids whose cgroup names the view, best first. Never the daemon's own: a reader
+        it cannot see must not silently get the daemon's numbers."""
         if self.config.view == "init":
             init = pidns_init(self.host, str(pid))
-            return [p for p in (init, str(pid), "self") if p]
-        return [str(pid), "self"]
+            return [p for p in (init, str(pid)) if p]
+        return [str(pid)]
 
-    def key_for(self, pid: int) -> tuple[str, str]:
+    def key_for(self, pid: int, who: Reader | None = None) -> tuple[str, str]:
         """(view key, pid used). The key is the pid's /proc/<pid>/cgroup text: readers in
-        the same cgroups share one view."""
+        the same cgroups share one view. Raises UnseenReader for a reader the daemon cannot
+        see when the view depends on the reader."""
         if self.config.cgroup is not None:
             return PINNED + self.config.cgroup, "self"
+        if self.config.view == "self":
+            return self._self_key()
+        if pid <= 0:
+            raise self._refuse("pid 0: the reader is outside the daemon's pid namespace", pid)
+        if not self._proc_is_ours:
+            raise self._refuse("/proc is not the daemon's pid namespace's", pid)
+        who = who if who is not None else self.reader(pid)
         with self._lock:
-            hit = self._pid_keys.get(pid)
+            hit = self._pid_keys.get(who)
         if hit is not None:
             return hit
         for cand in self._candidates(pid):
             text = self.host.try_read_small(f"/proc/{cand}/cgroup")
             # Empty is an answer, not an absence: inside gVisor no cgroup is visible.
-            if text is not None:
-                key = (text, cand)
-                with self._lock:
-                    self._pid_keys[pid] = key
-                return key
-        raise PidGone(f"no readable /proc/<pid>/cgroup for pid {pid} or the daemon")
+            if text is None:
+                continue
+            if self.start_time(pid) != who[1]:
+                break  # the reader exited and its pid was reused while we looked
+            key = (text, cand)
+            with self._lock:
+                self._pid_keys[who] = key
+            return key
+        raise self._refuse("no /proc/<pid>/cgroup for the reader in the daemon's /proc", pid)
+
+    def _self_key(self) -> tuple[str, str]:
+        text = self.host.try_read_small("/proc/self/cgroup")
+        if text is None:
+            raise PidGone("no readable /proc/self/cgroup for the daemon")
+        return text, "self"
 
     def _build_view(self, key: str, pid: str) -> _View:
         # The key is the cgroup membership text itself, so no second read of
@@ -169,9 +316,11 @@ class ViewServer:
         """What `guestfs explain --mount` shows: the fallbacks taken, by cause."""
         with self._lock:
             fallbacks = dict(self.fallbacks)
+            refusals = dict(self.refusals)
         return (json.dumps({"pid": os.getpid(), "view": self.config.view,
                             "cache_ttl": self.config.cache_ttl, "fallback_total": self.errors,
-                            "fallbacks": fallbacks}, indent=1) + "\n").encode()
+                            "fallbacks": fallbacks, "refusals": refusals},
+                           indent=1) + "\n").encode()
 
     def _count_fallback(self, cause: str, subject: object, what: str) -> None:
         with self._lock:
@@ -199,22 +348,27 @@ class ViewServer:
         moment its cgroup files were read + cache_ttl), and every cache layer keeps it, so
         no number is older than cache_ttl (plus render time) and two readers of one view at
         the same moment get the same bytes."""
-        hit = self._fast.get((pid, path))
-        if hit is not None and time.monotonic() < hit[0]:
-            return hit[1]
         if path == STATUS_PATH:
             return self.status_json()
-        deadline, data = self._render(path, pid)
+        who = self.reader(pid)
+        hit = self._fast.get((who, path))
+        if hit is not None and time.monotonic() < hit[0]:
+            return hit[1]
+        deadline, data = self._render(path, pid, who)
         if path not in UNCACHED and self.config.cache_ttl > 0:
             if len(self._fast) > FAST_ENTRIES:
                 self._fast.clear()
-            self._fast[(pid, path)] = (deadline, data)
+            self._fast[(who, path)] = (deadline, data)
         return data
 
-    def _render(self, path: str, pid: int) -> tuple[float, bytes]:
-        key = None
+    def _render(self, path: str, pid: int, who: Reader) -> tuple[float, bytes]:
         try:
-            key, used = self.key_for(pid)
+            key, used = self.key_for(pid, who)
+        except UnseenReader:
+            raise  # refused, never served a fallback
+        except Exception as e:  # noqa: BLE001 - a bad cgroup file must not kill the daemon
+            return time.monotonic(), self._degraded(path, pid, None, e)
+        try:
             if path not in UNCACHED:
                 with self._lock:
                     hit = self._rendered.get((key, path))
@@ -301,3 +455,4 @@ class ViewServer:
 
     def stop(self) -> None:
         self._stop.set()
+        self._reader_ids.close()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+import pytest
 
 from guestfs.explicit import ExplicitLimits, ExplicitSettings, collect_explicit
 from guestfs.hostroot import HostRoot
-from guestfs.server import ServerConfig, ViewServer
+from guestfs.server import ServerConfig, UnseenReader, ViewServer
 from tests.conftest import fixture_root
 from tests.render_helpers import meminfo_kb
 
@@ -37,11 +40,31 @@ def test_a_cache_hit_reads_no_cgroup_file():
     assert host.reads == ["/proc/cpuinfo"]
 
 
-def test_an_exited_pid_falls_back_to_the_daemons_view():
+def test_an_unseen_reader_is_refused_not_served_the_daemons_view():
     srv, _ = server(fixture_root("k8s-systemd-v2-burstable"))
-    text = srv.render("/proc/meminfo", 4242).decode()  # no /proc/4242 in the fixture
-    assert meminfo_kb(text)["MemTotal"] == 524288
-    assert srv.errors == 0
+    for pid in (4242, 0):  # no /proc/4242 in the fixture; 0 is FUSE's "not in our pidns"
+        with pytest.raises(UnseenReader, match=f"pid {pid}"):
+            srv.render("/proc/meminfo", pid)
+    assert sum(srv.refusals.values()) == 2 and srv.errors == 0
+    # A fixed view needs no reader: it is served whoever asks.
+    fixed, _ = server(fixture_root("k8s-systemd-v2-burstable"), view="self")
+    assert meminfo_kb(fixed.render("/proc/meminfo", 0).decode())["MemTotal"] == 524288
+
+
+def test_a_reused_pid_gets_its_own_cgroups_view_within_the_ttl(copy_fixture):
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    pod = ("/kubepods.slice/kubepods-burstable.slice/"
+           "kubepods-burstable-poda5d4fbc7_30d6_43e8_8425_8ee6f401decc.slice")
+    srv, _ = server(root, cache_ttl=60)
+    assert meminfo_kb(srv.render("/proc/meminfo", 7).decode())["MemTotal"] == 524288
+    # pid 7 exits; a new process gets pid 7 in the root cgroup (a later start time).
+    stat = (root / "proc/7/stat").read_text()
+    (root / "proc/7/stat").write_text(stat.replace(" 35601000 ", " 35609999 "))
+    (root / "proc/7/cgroup").write_text("0::/\n")
+    assert meminfo_kb(srv.render("/proc/meminfo", 7).decode())["MemTotal"] == 8131768
+    (root / "proc/7/stat").write_text(stat)
+    (root / "proc/7/cgroup").write_text(f"0::{pod}\n")
+    assert meminfo_kb(srv.render("/proc/meminfo", 7).decode())["MemTotal"] == 524288
 
 
 def test_views_caller_init_self_and_pinned(copy_fixture):
@@ -103,10 +126,22 @@ def test_loadavg_state_is_sampled():
     assert 1.95 <= one <= 2.05 and 0.5 < five < one
 
 
+def test_open_snapshots_are_bounded_by_entries_whatever_their_size():
+    from guestfs.fusefs import OpenSnapshots
+
+    snaps = OpenSnapshots(max_entries=100)
+    for fh in range(1, 100_001):       # 10^5 opens of a 4-byte file, never closed
+        snaps.put(fh, b"0-1\n")
+        assert len(snaps) <= 100
+    assert snaps.get(100_000) == b"0-1\n" and snaps.get(99_901) == b"0-1\n"
+    assert snaps.get(99_900) is None   # oldest first
+    assert snaps.nbytes == 100 * (4 + OpenSnapshots.ENTRY_OVERHEAD)
+
+
 def test_open_snapshots_are_bounded_oldest_first():
     from guestfs.fusefs import OpenSnapshots
 
-    snaps = OpenSnapshots(max_bytes=10)
+    snaps = OpenSnapshots(max_bytes=10 + 2 * OpenSnapshots.ENTRY_OVERHEAD)
     snaps.put(1, b"aaaa")
     snaps.put(2, b"bbbb")
     assert snaps.get(1) == b"aaaa"
@@ -179,3 +214,45 @@ def test_thread_states_are_read_once_per_view_not_per_read():
                  and p != "/proc/stat"]
     assert tid_reads == []
     assert any(p.endswith("/cpu.stat") for p in host.reads)
+
+
+def test_files_report_one_page_only_while_every_rendering_fits_in_one(copy_fixture):
+    """st_size is one page for files that fit in one (so a private mmap has a page to
+    fault in) and procfs's 0 for longer ones, and for a file once a rendering outgrew it."""
+    import types
+
+    from guestfs.fusefs import PAGE, make_operations, page_sized_files
+
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    (root / "proc/cpuinfo").write_text("processor\t: 0\n" * 400)   # 5600 bytes
+    host = HostRoot(str(root))
+    paged = page_sized_files(host)
+    assert "/proc/cpuinfo" not in paged
+    assert {"/proc/meminfo", "/proc/uptime", "/sys/devices/system/cpu/online"} <= paged
+
+    class FakeServer:
+        def __init__(self) -> None:
+            self.host, self.data = host, b"x\n"
+
+        def render(self, path: str, pid: int) -> bytes:
+            return self.data
+
+        def reader(self, pid: int) -> tuple[int, None]:
+            return (pid, None)
+
+    class FuseOSError(OSError):
+        def __init__(self, errno: int) -> None:
+            super().__init__(errno, "")
+
+    fuse = types.SimpleNamespace(FuseOSError=FuseOSError, Operations=object,
+                                 fuse_get_context=lambda: (0, 0, 7))
+    srv = FakeServer()
+    ops = make_operations(fuse, srv)  # type: ignore[arg-type]
+    assert ops.getattr("/proc/cpuinfo")["st_size"] == 0
+    assert ops.getattr("/proc/meminfo")["st_size"] == PAGE
+    assert ops.size_probe == "/proc/cpuinfo"
+    fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0)
+    ops.open("/proc/meminfo", fi)
+    srv.data = b"y" * (PAGE + 1)
+    assert ops.read("/proc/meminfo", 65536, 0, fi) == srv.data
+    assert ops.getattr("/proc/meminfo")["st_size"] == 0
