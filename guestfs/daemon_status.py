@@ -44,4 +44,9 @@ def format_status(mountpoint: str, status: dict[str, Any]) -> str:
              f"{status.get('fallback_total', 0)} fallbacks"]
     for cause, count in sorted(fallbacks.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {count:>6} x {cause}")
+    refusals = status.get("refusals") or {}
+    if refusals:
+        lines.append(f"reads refused (EACCES): {sum(refusals.values())}")
+        for cause, count in sorted(refusals.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {count:>6} x {cause}")
     return "\n".join(lines) + "\n"
