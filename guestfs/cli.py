@@ -19,6 +19,7 @@ from guestfs.fuse_binding import BINDINGS
 from guestfs.host_proc import HostInfoError
 from guestfs.hostroot import HostReadError, HostRoot
 from guestfs.limits import ROUNDINGS, EffectiveLimits, effective_limits
+from guestfs.oneline import one_line
 from guestfs.proc_cgroup import PidGone
 from guestfs.runcmd import DEFAULT_MOUNTPOINT
 from guestfs.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
@@ -288,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CliError as e:
-        print(f"guestfs: {e}", file=sys.stderr)
+        print(f"guestfs: {one_line(str(e))}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0
