@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from guestfs import __version__
 from guestfs.explain import to_json_text, to_text
@@ -31,6 +33,31 @@ ENV_CPU_ROUNDING = "GUESTFS_CPU_ROUNDING"
 
 class CliError(Exception):
     """A user-facing failure: printed as one line, exit status 1."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the bad input (argparse prints the whole usage
+    first, which buries it), exit status 2 as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, one_line(f"{self.prog}: {message} (see {self.prog} --help)") + "\n")
+
+
+def seconds(minimum: float, strict: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, at least (``strict``: above)
+    ``minimum``. float() alone takes "nan", "inf" and negatives, which then meant a cache
+    that never expires or a sleep that raises."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give a finite number of seconds {'>' if strict else '>='} "
+                f"{minimum:g}")
+        return value
+    return parse
 
 
 def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
@@ -140,7 +167,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "(self); an exited pid falls back to the next")
     m.add_argument("--cgroup", metavar="PATH",
                    help="pin every read to this cgroup path (as /proc/<pid>/cgroup names it)")
-    m.add_argument("--cache-ttl", type=float, default=DEFAULT_CACHE_TTL, metavar="SECONDS",
+    m.add_argument("--cache-ttl", type=seconds(0, strict=False), default=DEFAULT_CACHE_TTL,
+                   metavar="SECONDS",
                    help=f"how long a computed view is reused (default {DEFAULT_CACHE_TTL})")
     m.add_argument("--fuse-binding", choices=BINDINGS, default="auto",
                    help="auto (default): mfusepy on libfuse3 if installed, else fusepy")
@@ -212,7 +240,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="guestfs",
         description="cgroup-aware /proc and /sys files for containers: see what free, top "
                     "and language runtimes should see, and why.")
@@ -277,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the guestfs mount as seen inside the target namespace "
                         "(default /run/guestfs)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between rounds")
+    p.add_argument("--interval", type=seconds(0, strict=True), default=2.0,
+                   help="seconds between rounds (> 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_attach)
     return parser
