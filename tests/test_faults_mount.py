@@ -213,3 +213,16 @@ def test_pid_and_log_files_are_created_and_an_old_pid_file_of_ours_reused(tmp_pa
     finally:
         stop_daemon_at(mp, pid_file)
     assert wait_for(lambda: not pid_file.exists(), 10)
+
+
+def test_run_on_a_mountpoint_with_a_space(tmp_path):
+    require_fuse()
+    mp = str(tmp_path / "run mnt")
+    try:
+        out = guestfs("run", "--mountpoint", mp, "--memory-limit", "256Mi", "--",
+                      "head", "-1", "/proc/meminfo")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["MemTotal:", str(256 * 1024), "kB"]
+    finally:
+        force_unmount(mp)
+    assert mount_entry(mp) is None   # the daemon run started is gone with it

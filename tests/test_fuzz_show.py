@@ -116,7 +116,7 @@ def every(name: str, suffix: str, text: str | None) -> tuple[str, str, dict[str,
     return name, "7", {rel: text for rel in FILES[name] if rel.endswith(suffix)}
 
 
-@settings(max_examples=120, deadline=None,
+@settings(max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(fake_root())
 # A cgroup's pressure file was served as it was: "0" reached readers of /proc/pressure/*.
