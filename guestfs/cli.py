@@ -205,7 +205,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guestfs.mountcmd import setup_logging
+    from guestfs.mountcmd import MountError, refuse_symlink, setup_logging
     from guestfs.runcmd import RunError, run
 
     setup_logging(args.verbose)
@@ -213,6 +213,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
     explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
+    try:
+        refuse_symlink(args.mountpoint)   # before a daemon is started for it
+    except MountError as e:
+        raise CliError(str(e)) from e
     try:
         return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure)
     except (RunError, OSError) as e:

@@ -199,6 +199,15 @@ def prepare_mountpoint(mp: str) -> None:
         raise MountError(f"{mp} is already a mount point"
                          + (" (a running guestfs)" if is_guestfs_mount(mp) else ""))
     os.makedirs(mp, exist_ok=True)
+    refuse_symlink(mp)
+
+
+def refuse_symlink(mp: str) -> None:
+    """mount(2) follows a symlink at its target: one planted in /tmp by another user would
+    have root mount the filesystem over whatever it points to (/etc). Only looked at when
+    ``mp`` is not a mount (an lstat of a stopped daemon's mount point would hang)."""
+    if mount_entry(mp) is None and os.path.islink(mp):
+        raise MountError(f"{mp} is a symbolic link; give the directory itself")
 
 
 def wait_until(ready: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:

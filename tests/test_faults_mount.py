@@ -226,3 +226,21 @@ def test_run_on_a_mountpoint_with_a_space(tmp_path):
     finally:
         force_unmount(mp)
     assert mount_entry(mp) is None   # the daemon run started is gone with it
+
+
+def test_a_mountpoint_planted_as_a_symlink_is_refused(tmp_path, planted):
+    require_fuse()
+    _, shared = planted
+    target = tmp_path / "victim"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    link = shared / "mnt"
+    as_nobody("ln", "-s", str(target), str(link))
+    try:
+        for command in (["mount", str(link), "--daemon"],
+                        ["run", "--mountpoint", str(link), "--", "true"]):
+            one_line_error(guestfs(*command), str(link), "symbolic link")
+        assert mount_entry(str(target)) is None
+        assert os.listdir(target) == ["keep"]
+    finally:
+        force_unmount(str(target))
