@@ -195,7 +195,11 @@ def prepare_mountpoint(mp: str) -> None:
         # A daemon was killed and left "Transport endpoint is not connected" behind.
         log.warning("%s: stale FUSE mount from a dead daemon; detaching it", mp)
         sysmount.umount(mp, detach=True)
-    if mount_entry(mp) is not None:
+    entry = mount_entry(mp)
+    # As os.path.ismount saw it, without its stat: a filesystem's root mounted here (a FUSE
+    # mount, a tmpfs) is refused; a bind of a directory onto itself or of a subdirectory
+    # (the sidecar's shared emptyDir) is not a mount point to stack on, so it is fine.
+    if entry is not None and (entry.root == "/" or entry.fstype.startswith("fuse")):
         raise MountError(f"{mp} is already a mount point"
                          + (" (a running guestfs)" if is_guestfs_mount(mp) else ""))
     os.makedirs(mp, exist_ok=True)
