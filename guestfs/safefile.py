@@ -6,6 +6,7 @@ daemon starts. So the last component is opened without following a symlink, rela
 a descriptor of its directory, without blocking on a FIFO, and what was opened is checked
 on its descriptor (no race between the check and the write):
 
+- a directory on the way reached through a symlink owned by another user is refused;
 - absent: created exclusively (``O_CREAT|O_EXCL``), mode 0644;
 - present: reused only if it is a regular file owned by the daemon's user with a single
   link (a pid file or log left by an earlier daemon); anything else is refused, never
@@ -36,8 +37,26 @@ class OpenedFile:
     ino: int
 
 
+def _check_dir_links(parent: str, what: str, path: str) -> None:
+    """Refuse a directory reached through a symlink that another user owns (a link planted
+    in /tmp could point the daemon at /etc): the rule fs.protected_symlinks applies to
+    sticky directories, here for every component and whatever the sysctl says."""
+    allowed = {0, os.geteuid()}
+    prefix = "/"
+    for part in parent.strip("/").split("/"):
+        prefix = os.path.join(prefix, part)
+        try:
+            st = os.lstat(prefix)
+        except OSError:
+            return   # missing: reported when the directory is opened
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in allowed:
+            raise UnsafeFileError(errno.EPERM, f"{what} {path}: {prefix} is a symbolic link "
+                                               f"owned by uid {st.st_uid}; refused")
+
+
 def _open_dir(path: str, what: str) -> int:
     parent = os.path.dirname(os.path.abspath(path))
+    _check_dir_links(parent, what, path)
     try:
         return os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:

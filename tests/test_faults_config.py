@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from guestfs.explicit import MAX_LIMIT_FILE
+from tests.fusemount import force_unmount
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,10 @@ def test_bad_input_is_one_line_naming_it(tmp_path, case):
     make_dir(d, case.setup)
     argv = [w.format(d=d) for w in case.argv]
     env = {k: v.format(d=d) for k, v in case.env.items()}
-    out = cli(argv, env)
+    try:
+        out = cli(argv, env)
+    finally:
+        force_unmount(str(d / "mnt"))   # should a regression mount there after all
     assert out.returncode != 0, out.stdout
     assert "Traceback" not in out.stderr, out.stderr
     lines = out.stderr.splitlines()

@@ -244,3 +244,25 @@ def test_a_mountpoint_planted_as_a_symlink_is_refused(tmp_path, planted):
         assert os.listdir(target) == ["keep"]
     finally:
         force_unmount(str(target))
+
+
+@pytest.mark.parametrize("option", ["--pid-file", "--log-file"])
+def test_a_directory_symlink_planted_by_nobody_is_refused(tmp_path, planted, option):
+    """/tmp/x/guestfs.pid where nobody made /tmp/x a link to a directory of root's that
+    holds a root file of that name (owned by us, one link: it would pass the file check)."""
+    require_fuse()
+    _, shared = planted
+    rootdir = tmp_path / "rootdir"
+    rootdir.mkdir()
+    victim = rootdir / "guestfs.pid"
+    victim.write_text("root only\n")
+    victim.chmod(0o600)
+    as_nobody("ln", "-s", str(rootdir), str(shared / "x"))
+    mp = str(tmp_path / "mnt")
+    try:
+        out = guestfs("mount", mp, "--daemon", option, str(shared / "x" / "guestfs.pid"))
+        one_line_error(out, option, "owned by uid 65534")
+        assert mount_entry(mp) is None
+    finally:
+        force_unmount(mp)
+    assert victim.read_text() == "root only\n"
