@@ -4,6 +4,7 @@ stderr that names the bad input; never a traceback, a hang or an unbounded read.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from guestfs.explicit import MAX_LIMIT_FILE
+from tests.conftest import FIXTURES
 from tests.fusemount import force_unmount
 
 
@@ -141,3 +143,28 @@ def test_a_link_out_of_the_limits_directory_is_refused(tmp_path):
     (d / "limits.memory").symlink_to(tmp_path / "elsewhere")
     out = cli(["show", "/proc/meminfo", "--limits-dir", str(d)])
     assert out.returncode == 1 and "links out of the limits directory" in out.stderr
+
+
+@pytest.mark.parametrize("what", ["fifo", "devzero", "directory"])
+@pytest.mark.parametrize("rel", ["proc/meminfo", "proc/self/cgroup", "proc/self/mountinfo"])
+def test_a_root_whose_files_are_not_regular_is_an_error_not_a_hang(tmp_path, what, rel):
+    """--root DIR: a FIFO blocked the open for ever, /dev/zero was read without end."""
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES / "docker-v1", root, symlinks=True)
+    target = root / rel
+    target.unlink()
+    if what == "fifo":
+        os.mkfifo(target)
+    elif what == "devzero":
+        target.symlink_to("/dev/zero")
+    else:
+        target.mkdir()
+    out = cli(["show", "/proc/meminfo", "--root", str(root)])
+    assert "Traceback" not in out.stderr, out.stderr
+    if rel == "proc/self/mountinfo":
+        # No cgroup mount found is a degraded view (the host's numbers), not an error.
+        assert out.returncode == 0 and out.stdout.startswith("MemTotal:"), out.stderr
+        return
+    lines = out.stderr.splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert rel.split("/")[-1] in lines[0], lines[0]
