@@ -60,12 +60,20 @@ def seconds(minimum: float, strict: bool) -> Callable[[str], float]:
     return parse
 
 
+def pid_arg(text: str) -> str:
+    """``self`` or a process id: the value becomes part of a /proc path, so "../x" must
+    not reach it."""
+    if text == "self" or (text.isascii() and text.isdigit() and 0 < int(text) < 2**22 + 1):
+        return text
+    raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+
+
 def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
     if where:
         g = p.add_argument_group("where to look")
         g.add_argument("--root", default="/", metavar="DIR",
                        help="read host files (/proc, /sys) under DIR (default: /)")
-        g.add_argument("--pid", default="self",
+        g.add_argument("--pid", default="self", type=pid_arg,
                        help="the process whose limits apply (default: the caller)")
     e = p.add_argument_group(
         "explicit limits (the effective value is the minimum of all sources)")

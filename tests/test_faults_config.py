@@ -69,6 +69,9 @@ CASES = [
     Case("attach interval 0", ["attach", "--watch", "--interval", "0"], "--interval"),
     Case("cpu rounding env", SHOW, "GUESTFS_CPU_ROUNDING", env={"GUESTFS_CPU_ROUNDING": "up"}),
     Case("unknown option", [*SHOW, "--memroy-limit", "1G"], "--memroy-limit"),
+    Case("pid as a path", [*SHOW, "--pid", "../../etc"], "--pid"),
+    Case("pid zero", ["explain", "--pid", "0"], "--pid"),
+    Case("pid not a number", ["explain", "--pid", "1e3"], "--pid"),
 ]
 
 
