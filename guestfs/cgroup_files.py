@@ -10,6 +10,9 @@ from fractions import Fraction
 
 # PAGE_COUNTER_MAX * PAGE_SIZE on 64-bit with 4 KiB pages: what v1 prints for "no limit".
 V1_UNLIMITED = 9223372036854771712
+# The kernel's NR_CPUS is at most 8192 on every architecture; a larger cpu id is a corrupt
+# file, and building "0-99999999999" as a set would never finish.
+MAX_CPU_ID = 8191
 
 
 def parse_limit_bytes(text: str) -> int | None:
@@ -73,6 +76,13 @@ def parse_cfs(quota_text: str, period_text: str) -> Fraction | None:
     return Fraction(quota, period)
 
 
+def _cpu_id(text: str, chunk: str) -> int:
+    # ASCII digits only: int() also takes "٣", "+3", " 3" and "1_0".
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_CPU_ID:
+        raise ValueError(f"bad cpu {chunk!r}")
+    return int(text)
+
+
 def parse_cpu_list(text: str) -> tuple[int, ...]:
     """Kernel cpu list format (``0-3,8,10-11``), sorted and unique. Empty text gives ()."""
     cpus: set[int] = set()
@@ -82,15 +92,12 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
             continue
         if "-" in chunk:
             lo_s, hi_s = chunk.split("-", 1)
-            lo, hi = int(lo_s), int(hi_s)
-            if lo < 0 or hi < lo:
+            lo, hi = _cpu_id(lo_s, chunk), _cpu_id(hi_s, chunk)
+            if hi < lo:
                 raise ValueError(f"bad cpu range {chunk!r}")
             cpus.update(range(lo, hi + 1))
         else:
-            n = int(chunk)
-            if n < 0:
-                raise ValueError(f"bad cpu {chunk!r}")
-            cpus.add(n)
+            cpus.add(_cpu_id(chunk, chunk))
     return tuple(sorted(cpus))
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from guestfs import __version__
 from guestfs.daemon_status import format_status, read_status
@@ -20,6 +22,7 @@ from guestfs.fuse_binding import BINDINGS
 from guestfs.host_proc import HostInfoError
 from guestfs.hostroot import HostReadError, HostRoot
 from guestfs.limits import ROUNDINGS, EffectiveLimits, effective_limits
+from guestfs.oneline import one_line
 from guestfs.proc_cgroup import PidGone
 from guestfs.runcmd import DEFAULT_MOUNTPOINT
 from guestfs.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
@@ -33,12 +36,45 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit status 1."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the bad input (argparse prints the whole usage
+    first, which buries it), exit status 2 as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, one_line(f"{self.prog}: {message} (see {self.prog} --help)") + "\n")
+
+
+def seconds(minimum: float, strict: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, at least (``strict``: above)
+    ``minimum``. float() alone takes "nan", "inf" and negatives, which then meant a cache
+    that never expires or a sleep that raises."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give a finite number of seconds {'>' if strict else '>='} "
+                f"{minimum:g}")
+        return value
+    return parse
+
+
+def pid_arg(text: str) -> str:
+    """``self`` or a process id: the value becomes part of a /proc path, so "../x" must
+    not reach it."""
+    if text == "self" or (text.isascii() and text.isdigit() and 0 < int(text) < 2**22 + 1):
+        return text
+    raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+
+
 def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
     if where:
         g = p.add_argument_group("where to look")
         g.add_argument("--root", default="/", metavar="DIR",
                        help="read host files (/proc, /sys) under DIR (default: /)")
-        g.add_argument("--pid", default="self",
+        g.add_argument("--pid", default="self", type=pid_arg,
                        help="the process whose limits apply (default: the caller)")
     e = p.add_argument_group(
         "explicit limits (the effective value is the minimum of all sources)")
@@ -154,7 +190,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "(self); an exited pid falls back to the next")
     m.add_argument("--cgroup", metavar="PATH",
                    help="pin every read to this cgroup path (as /proc/<pid>/cgroup names it)")
-    m.add_argument("--cache-ttl", type=float, default=DEFAULT_CACHE_TTL, metavar="SECONDS",
+    m.add_argument("--cache-ttl", type=seconds(0, strict=False), default=DEFAULT_CACHE_TTL,
+                   metavar="SECONDS",
                    help=f"how long a computed view is reused (default {DEFAULT_CACHE_TTL})")
     m.add_argument("--fuse-binding", choices=BINDINGS, default="auto",
                    help="auto (default): mfusepy on libfuse3 if installed, else fusepy")
@@ -204,7 +241,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guestfs.mountcmd import setup_logging
+    from guestfs.mountcmd import MountError, refuse_symlink, setup_logging
     from guestfs.runcmd import RunError, run
 
     setup_logging(args.verbose)
@@ -212,6 +249,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
     explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
+    try:
+        refuse_symlink(args.mountpoint)   # before a daemon is started for it
+    except MountError as e:
+        raise CliError(str(e)) from e
     try:
         return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure,
                    keep_caps=args.keep_caps, host_clock=args.host_clock)
@@ -241,7 +282,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="guestfs",
         description="cgroup-aware /proc and /sys files for containers: see what free, top "
                     "and language runtimes should see, and why.")
@@ -315,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "moved into the target's), else as seen inside the target's "
                         "(default /run/guestfs)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between rounds")
+    p.add_argument("--interval", type=seconds(0, strict=True), default=2.0,
+                   help="seconds between rounds (> 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_attach)
     return parser
@@ -327,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CliError as e:
-        print(f"guestfs: {e}", file=sys.stderr)
+        print(f"guestfs: {one_line(str(e))}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

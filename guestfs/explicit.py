@@ -10,11 +10,19 @@ up unless the pod spec says ``divisor: 1m``. Tell guestfs the divisor with
 ``--cpu-divisor``/``GUESTFS_CPU_DIVISOR`` (and ``--memory-divisor``). A divisor applies to
 bare numbers from the environment and the limits directory; a value written with a unit
 (``1500m``, ``512Mi``) means what it says.
+
+A limits-directory file is read defensively: it may be a symlink (the kubelet's atomic
+writer makes ``limits.memory -> ..data/limits.memory``) but only to a file inside the
+directory; it must be a regular file (a FIFO or /dev/zero is refused without blocking),
+at most 4 KiB, UTF-8 text and a quantity. Anything else is an error naming the file, as
+a bad option is: serving no limit because a file was unreadable would be silent and wrong.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -29,6 +37,7 @@ ENV_CPU_DIVISOR = "GUESTFS_CPU_DIVISOR"
 ENV_LIMITS_DIR = "GUESTFS_LIMITS_DIR"
 DOWNWARD_MEMORY_FILE = "limits.memory"
 DOWNWARD_CPU_FILE = "limits.cpu"
+MAX_LIMIT_FILE = 4096  # a quantity is a few bytes; never read more than this
 
 
 class ExplicitLimitError(ValueError):
@@ -55,7 +64,8 @@ class ExplicitLimits:
 
 
 def _is_bare_number(text: str) -> bool:
-    return text.strip().replace(".", "", 1).isdigit()
+    digits = text.strip().replace(".", "", 1)
+    return digits.isascii() and digits.isdigit()
 
 
 def _divisor(text: str | None, what: str) -> Fraction:
@@ -83,8 +93,8 @@ def _cpu(text: str, divisor: Fraction, apply_divisor: bool) -> Fraction:
 
 
 def collect_explicit(settings: ExplicitSettings) -> ExplicitLimits:
-    """Parse every explicit source. A bad option or env value is an error (the user typed
-    it); a bad or missing downward-API file is a warning (the kubelet may be mid-update)."""
+    """Parse every explicit source. A bad option, env value or limits-directory file is an
+    error; a missing limits directory or file is not (the pod may set no limit)."""
     env = settings.env
     mem_div = _divisor(settings.memory_divisor or env.get(ENV_MEMORY_DIVISOR), "memory divisor")
     cpu_div = _divisor(settings.cpu_divisor or env.get(ENV_CPU_DIVISOR), "cpu divisor")
@@ -92,8 +102,7 @@ def collect_explicit(settings: ExplicitSettings) -> ExplicitLimits:
     cpu: list[Candidate[Fraction]] = []
     warnings: list[str] = []
 
-    def add(resource: str, kind: str, name: str, text: str, from_outside: bool,
-            strict: bool) -> None:
+    def add(resource: str, kind: str, name: str, text: str, from_outside: bool) -> None:
         try:
             if resource == "memory":
                 memory.append(Candidate(_memory(text, mem_div, from_outside),
@@ -102,17 +111,15 @@ def collect_explicit(settings: ExplicitSettings) -> ExplicitLimits:
                 cpu.append(Candidate(_cpu(text, cpu_div, from_outside),
                                      Source(kind, name, note=text.strip())))
         except ValueError as e:
-            if strict:
-                raise ExplicitLimitError(f"{name}: {e}") from e
-            warnings.append(f"{name}: {e}; ignored")
+            raise ExplicitLimitError(f"{name}: {e}") from e
 
     if settings.memory_limit is not None:
-        add("memory", OPTION, "--memory-limit", settings.memory_limit, False, True)
+        add("memory", OPTION, "--memory-limit", settings.memory_limit, False)
     if settings.cpu_limit is not None:
-        add("cpu", OPTION, "--cpu-limit", settings.cpu_limit, False, True)
+        add("cpu", OPTION, "--cpu-limit", settings.cpu_limit, False)
     for resource, var in (("memory", ENV_MEMORY), ("cpu", ENV_CPU)):
         if env.get(var, "").strip():
-            add(resource, ENV, var, env[var], True, True)
+            add(resource, ENV, var, env[var], True)
     limits_dir = settings.limits_dir or env.get(ENV_LIMITS_DIR)
     if limits_dir:
         if not os.path.isdir(limits_dir):
@@ -120,13 +127,42 @@ def collect_explicit(settings: ExplicitSettings) -> ExplicitLimits:
         else:
             for resource, name in (("memory", DOWNWARD_MEMORY_FILE), ("cpu", DOWNWARD_CPU_FILE)):
                 path = os.path.join(limits_dir, name)
-                try:
-                    with open(path, encoding="utf-8") as f:
-                        text = f.read()
-                except FileNotFoundError:
-                    continue
-                except OSError as e:
-                    warnings.append(f"{path}: {e.strerror}; ignored")
-                    continue
-                add(resource, DOWNWARD_API, path, text, True, False)
+                text = read_limit_file(limits_dir, name)
+                if text is not None:
+                    add(resource, DOWNWARD_API, path, text, True)
     return ExplicitLimits(tuple(memory), tuple(cpu), tuple(warnings))
+
+
+def read_limit_file(limits_dir: str, name: str) -> str | None:
+    """The text of ``limits_dir/name``; None when there is no such file, ExplicitLimitError
+    when it is anything but a small UTF-8 regular file inside the directory."""
+    path = os.path.join(limits_dir, name)
+    if not os.path.lexists(path):
+        return None
+    real_dir = os.path.realpath(limits_dir)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_dir, real]) != real_dir:
+        raise ExplicitLimitError(f"{path}: links out of the limits directory (to {real}); "
+                                 "refused")
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: the path was
+        # resolved above, a symlink swapped in since is refused.
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return None   # a dangling link: the kubelet has not written the file
+        raise ExplicitLimitError(f"{path}: cannot open: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ExplicitLimitError(f"{path}: not a regular file")
+        data = os.read(fd, MAX_LIMIT_FILE + 1)
+    except OSError as e:
+        raise ExplicitLimitError(f"{path}: cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_LIMIT_FILE:
+        raise ExplicitLimitError(f"{path}: larger than {MAX_LIMIT_FILE} bytes, not a quantity")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ExplicitLimitError(f"{path}: not UTF-8 text") from None

@@ -7,8 +7,12 @@ laid out there.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass
+
+MAX_HOST_FILE = 64 << 20  # far above any /proc, /sys or cgroup file a kernel writes
 
 
 def pread_all(fd: int) -> bytes:
@@ -38,11 +42,30 @@ class HostRoot:
         return os.path.join(self.root, host_path.lstrip("/"))
 
     def read_text(self, host_path: str) -> str:
+        """The file's text (undecodable bytes replaced). Only regular files, as procfs,
+        sysfs and cgroupfs files are, and at most MAX_HOST_FILE bytes: under a --root, a
+        FIFO would block the open for ever and a link to /dev/zero read without end."""
         try:
-            with open(self.path(host_path), encoding="utf-8", errors="replace") as f:
-                return f.read()
+            fd = os.open(self.path(host_path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             raise HostReadError(e.errno, f"{host_path}: {e.strerror}") from e
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise HostReadError(errno.EINVAL, f"{host_path}: not a regular file")
+            chunks, total = [], 0
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+                total += len(chunk)
+                if total > MAX_HOST_FILE:
+                    raise HostReadError(errno.EFBIG, f"{host_path}: larger than "
+                                                     f"{MAX_HOST_FILE >> 20} MiB")
+            return b"".join(chunks).decode("utf-8", "replace")
+        except HostReadError:
+            raise
+        except OSError as e:
+            raise HostReadError(e.errno, f"{host_path}: {e.strerror}") from e
+        finally:
+            os.close(fd)
 
     def try_read_text(self, host_path: str) -> str | None:
         """The file's text, or None if it does not exist or cannot be read."""
@@ -55,10 +78,13 @@ class HostRoot:
         """Like try_read_text for a small file (one read of at most 64 KiB), without the
         text-file machinery: /proc/<pid>/cgroup on every new reader's first read."""
         try:
-            fd = os.open(self.path(host_path), os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO under a --root must not block the open.
+            fd = os.open(self.path(host_path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             return os.read(fd, 65536).decode("utf-8", "replace")
         except OSError:
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -18,6 +19,9 @@ from guestfs.explicit import ExplicitLimits
 from guestfs.fuse_binding import load_binding
 from guestfs.fusefs import make_operations
 from guestfs.hostpin import pin_host_files
+from guestfs.mountinfo import MountEntry, parse_mount_entries
+from guestfs.oneline import one_line
+from guestfs.safefile import OpenedFile, open_private, remove_if_same, write_pid
 from guestfs.server import ServerConfig, ViewServer
 from guestfs.view import SERVED_FILES
 
@@ -26,6 +30,7 @@ FSNAME = "guestfs"
 ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
 PROBE_FILE = "/sys/devices/system/cpu/online"  # served with a sysfs-style size of 4096
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
+PROBE_TIMEOUT = 5.0  # how long a probe waits for a FUSE mount to answer
 
 
 class MountError(RuntimeError):
@@ -47,33 +52,107 @@ class MountOptions:
     log_file: str | None = None
 
 
-def is_guestfs_mount(path: str) -> bool:
-    """A live guestfs mount at ``path`` (read from our mount table)."""
+class MountUnresponsive(OSError):
+    """A FUSE mount whose daemon does not answer (stopped with SIGSTOP, or wedged): any
+    stat, listing or read of it would block forever, so our probes give up with this."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def canonical_mountpoint(path: str) -> str:
+    """``path`` as the mount table spells it, found without a stat of ``path`` itself (a
+    stat of a mount served by a stopped daemon never returns): only its parent is resolved."""
     path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    return os.path.join(os.path.realpath(parent), name) if name else path
+
+
+def mount_entry(path: str) -> MountEntry | None:
+    """The topmost mount at ``path`` in our mount table, or None. Reads only
+    /proc/self/mountinfo, never the mount itself, so it cannot hang."""
     try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields = line.split()
-                sep = fields.index("-")
-                if fields[4] != path:
-                    continue
-                if fields[sep + 1] == f"fuse.{FSNAME}":
-                    return not sysmount.is_stale_mount(path)
-                if fields[sep + 1] == "fuse":
-                    # gVisor shows neither the subtype nor the fsname: look at the layout.
-                    return _serves(path)
-    except (OSError, ValueError):
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return None
+    path = canonical_mountpoint(path)
+    found = [e for e in parse_mount_entries(text) if e.mount_point == path]
+    return found[-1] if found else None
+
+
+# Run by a child: list the mount point, then read up to 4 KiB of one file under it; print
+# the errno of the first failure (0 for none) on the first line, the data after it.
+_PROBE = """import os, sys
+mp, name = sys.argv[1], sys.argv[2]
+try:
+    os.listdir(mp)
+    data = b""
+    if name:
+        with open(mp + name, "rb") as f:
+            data = f.read(4096)
+except OSError as e:
+    sys.stdout.write(str(e.errno or 0) + "\\n")
+else:
+    sys.stdout.buffer.write(b"0\\n" + data)
+"""
+
+
+def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT) -> tuple[int, bytes]:
+    """List ``mp`` (and read ``mp + name``) from a child process: (errno or 0, data).
+
+    Never from this process: a FUSE request to a stopped daemon waits forever, and only a
+    fatal signal ends it, so the child is killed after ``timeout`` and MountUnresponsive
+    raised. Our own interpreter by absolute path, isolated (-I -S): nothing is imported
+    from the working directory."""
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE, mp, name],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, close_fds=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        # A FUSE wait is killable; should the child still not go, it is not waited for.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1.0)
+        raise MountUnresponsive(
+            errno.ETIMEDOUT, f"{mp}: the FUSE mount does not answer within {timeout:g}s "
+            f"(its daemon is stopped or hung: SIGCONT it, or detach it with umount -l)"
+        ) from None
+    head, _, data = out.partition(b"\n")
+    try:
+        return int(head), data
+    except ValueError:
+        return errno.EIO, b""   # the child died before answering
+
+
+def is_guestfs_mount(path: str) -> bool:
+    """A live guestfs mount at ``path``: our mount table names it, and a child process
+    can list it (raises MountUnresponsive when the daemon does not answer)."""
+    entry = mount_entry(path)
+    if entry is None:
         return False
+    mp = entry.mount_point
+    if entry.fstype == f"fuse.{FSNAME}":
+        return probe_mount(mp)[0] != errno.ENOTCONN
+    if entry.fstype == "fuse":
+        # gVisor shows neither the subtype nor the fsname: look at the layout.
+        return _serves(mp)
     return False
+
+
+def is_stale_mount(path: str) -> bool:
+    """A FUSE mount at ``path`` whose daemon died ("Transport endpoint is not connected"),
+    found without touching the mount from this process."""
+    entry = mount_entry(path)
+    return (entry is not None and entry.fstype.startswith("fuse")
+            and probe_mount(entry.mount_point)[0] == errno.ENOTCONN)
 
 
 def _serves(mp: str) -> bool:
     """``mp`` answers with guestfs's layout (its sysfs-style file has a non-zero size)."""
-    try:
-        with open(f"{mp}{PROBE_FILE}", "rb") as f:
-            return bool(f.read())
-    except OSError:
-        return False
+    err, data = probe_mount(mp, PROBE_FILE)
+    return err == 0 and bool(data)
 
 
 def _read_from_child(path: str, timeout: float = 10.0) -> bytes | None:
@@ -115,14 +194,29 @@ def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
 
 
 def prepare_mountpoint(mp: str) -> None:
-    if sysmount.is_stale_mount(mp):
+    # From the mount table and a child's probe, never a stat here: a mount point served by
+    # a stopped daemon would block this process for good.
+    if is_stale_mount(mp):
         # A daemon was killed and left "Transport endpoint is not connected" behind.
         log.warning("%s: stale FUSE mount from a dead daemon; detaching it", mp)
         sysmount.umount(mp, detach=True)
-    if os.path.ismount(mp):
+    entry = mount_entry(mp)
+    # As os.path.ismount saw it, without its stat: a filesystem's root mounted here (a FUSE
+    # mount, a tmpfs) is refused; a bind of a directory onto itself or of a subdirectory
+    # (the sidecar's shared emptyDir) is not a mount point to stack on, so it is fine.
+    if entry is not None and (entry.root == "/" or entry.fstype.startswith("fuse")):
         raise MountError(f"{mp} is already a mount point"
                          + (" (a running guestfs)" if is_guestfs_mount(mp) else ""))
     os.makedirs(mp, exist_ok=True)
+    refuse_symlink(mp)
+
+
+def refuse_symlink(mp: str) -> None:
+    """mount(2) follows a symlink at its target: one planted in /tmp by another user would
+    have root mount the filesystem over whatever it points to (/etc). Only looked at when
+    ``mp`` is not a mount (an lstat of a stopped daemon's mount point would hang)."""
+    if mount_entry(mp) is None and os.path.islink(mp):
+        raise MountError(f"{mp} is a symbolic link; give the directory itself")
 
 
 def wait_until(ready: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
@@ -145,33 +239,57 @@ def wait_mounted(mp: str, child_pid: int | None = None, timeout: float = 20.0) -
         and is_guestfs_mount(mp)
 
 
-def _daemonize(opts: MountOptions) -> None:
+def _daemonize(opts: MountOptions, log_file: OpenedFile | None) -> None:
     """Fork; the parent returns to exit once the mount is up, the child serves."""
     pid = os.fork()
     if pid > 0:
-        ok = wait_mounted(opts.mountpoint, pid)
+        try:
+            ok = wait_mounted(opts.mountpoint, pid)
+        except MountUnresponsive as e:
+            print(f"guestfs: {one_line(str(e))}", file=sys.stderr)
+            os._exit(1)
+        if not ok:
+            print(one_line(f"guestfs: the daemon did not come up on {opts.mountpoint}"
+                           + (f"; see {opts.log_file}" if opts.log_file else "")),
+                  file=sys.stderr)
         os._exit(0 if ok else 1)
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
-    out = os.open(opts.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
-        if opts.log_file else devnull
+    out = log_file.fd if log_file else devnull
     os.dup2(out, 1)
     os.dup2(out, 2)
+
+
+def open_output_files(opts: MountOptions) -> tuple[OpenedFile | None, OpenedFile | None]:
+    """The pid file and the log file, opened before anything else (and before detaching,
+    so a bad path is reported on the terminal): never through a symlink, never a file
+    that is not ours (guestfs.safefile)."""
+    pid_file = open_private(opts.pid_file, "--pid-file", append=False) \
+        if opts.pid_file else None
+    try:
+        log_file = open_private(opts.log_file, "--log-file", append=True) \
+            if opts.log_file and opts.daemon else None
+    except BaseException:
+        if pid_file is not None:
+            os.close(pid_file.fd)
+            remove_if_same(pid_file)
+        raise
+    return pid_file, log_file
 
 
 def serve(opts: MountOptions) -> int:
     mp = os.path.abspath(opts.mountpoint)
     binding = load_binding(opts.binding)
     prepare_mountpoint(mp)
+    pid_file, log_file = open_output_files(opts)
     if opts.daemon:
-        _daemonize(opts)
+        _daemonize(opts, log_file)
     host = pin_host_files(SERVED_FILES)
     server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
                                            opts.explicit, opts.cpu_rounding))
-    if opts.pid_file:
-        with open(opts.pid_file, "w") as f:
-            f.write(f"{os.getpid()}\n")
+    if pid_file is not None:
+        write_pid(pid_file, os.getpid())
     # Before any thread starts: capabilities are dropped per thread.
     dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
                                          "fuse3" in binding.libfuse)
@@ -203,10 +321,12 @@ def serve(opts: MountOptions) -> int:
             dropped.finish()
         server.stop()
         host.close()
-        if opts.pid_file:
-            with contextlib.suppress(OSError):
-                os.unlink(opts.pid_file)
-        if sysmount.is_stale_mount(mp) or is_guestfs_mount(mp):
+        if pid_file is not None:
+            remove_if_same(pid_file)
+        stale_or_ours = False
+        with contextlib.suppress(OSError):  # MountUnresponsive included
+            stale_or_ours = is_stale_mount(mp) or is_guestfs_mount(mp)
+        if stale_or_ours:
             with contextlib.suppress(OSError):
                 sysmount.umount(mp, detach=True)
     log.info("unmounted %s (%d reads fell back to host files, %d refused; %d open renderings "

@@ -42,32 +42,54 @@ class MountinfoError(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of mountinfo, with the kernel's octal escapes undone."""
+
+    mount_id: int          # 0 when the field is not a number
+    root: str
+    mount_point: str
+    fstype: str
+    source: str
+    superopts: str
+
+
+def _parse_line(line: str) -> MountEntry | None:
+    # The kernel escapes space, tab, newline and backslash in paths (\040 ...), so fields
+    # never contain whitespace. The separator is searched for after the six fixed fields:
+    # a root or mount point spelled "-" must not be taken for it.
+    fields = line.split()
+    try:
+        sep = fields.index("-", 6)
+    except ValueError:
+        return None
+    if len(fields) < sep + 3:  # no fstype or no source: truncated
+        return None
+    try:
+        mount_id = int(fields[0])
+    except ValueError:
+        mount_id = 0
+    rest = fields[sep + 1:] + [""]  # a line cut after the source has no superopts
+    return MountEntry(mount_id, unescape(fields[3]), unescape(fields[4]), rest[0],
+                      unescape(rest[1]), rest[2])
+
+
+def parse_mount_entries(text: str) -> list[MountEntry]:
+    """Every mount in ``text``, in file order (a later mount on the same point is on top).
+    Malformed lines are skipped."""
+    return [e for e in map(_parse_line, text.splitlines()) if e is not None]
+
+
 def parse_mountinfo(text: str) -> list[CgroupMount]:
     """Every cgroup and cgroup2 mount in ``text``, in file order. Malformed lines are skipped."""
     mounts: list[CgroupMount] = []
-    for line in text.splitlines():
-        fields = line.split()
-        try:
-            sep = fields.index("-")
-        except ValueError:
-            continue
-        if sep < 6 or len(fields) < sep + 3:
-            continue
-        fstype = fields[sep + 1]
-        if fstype not in ("cgroup", "cgroup2"):
-            continue
-        try:
-            mount_id = int(fields[0])
-        except ValueError:
-            mount_id = 0
-        root = unescape(fields[3])
-        mount_point = unescape(fields[4])
-        if fstype == "cgroup2":
-            mounts.append(CgroupMount(mount_point, root, 2, frozenset(), mount_id))
-        else:
-            superopts = fields[sep + 3].split(",")
-            controllers = frozenset(o for o in superopts if o not in _V1_NON_CONTROLLER_OPTS)
-            mounts.append(CgroupMount(mount_point, root, 1, controllers, mount_id))
+    for e in parse_mount_entries(text):
+        if e.fstype == "cgroup2":
+            mounts.append(CgroupMount(e.mount_point, e.root, 2, frozenset(), e.mount_id))
+        elif e.fstype == "cgroup":
+            controllers = frozenset(o for o in e.superopts.split(",")
+                                    if o and o not in _V1_NON_CONTROLLER_OPTS)
+            mounts.append(CgroupMount(e.mount_point, e.root, 1, controllers, e.mount_id))
     return mounts
 
 

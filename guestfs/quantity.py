@@ -15,19 +15,38 @@ _SUFFIX: dict[str, Fraction] = {
     "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30),
     "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
 }
-_QUANTITY = re.compile(r"^\s*([+]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*$")
+_QUANTITY = re.compile(r"^\s*([+]?(?:\d+\.?\d*|\.\d+)(?:[eE]([+-]?\d+))?)\s*([a-zA-Z]*)\s*$",
+                       re.ASCII)
+# Every quantity must be below 2**63 in its base unit (bytes, CPUs): the kernel cannot hold
+# a larger limit, and "1e400" would otherwise mean "no limit" as any value above the host's
+# does. The exponent is bounded before the number is built: Decimal("1e999999999") as an
+# exact fraction is a billion-digit integer (the CLI spun at 100% CPU on it).
+MAX_QUANTITY = 2**63 - 1
+_MAX_EXPONENT = 40
+_MAX_DIGITS = 100
 
 
 def parse_quantity(text: str) -> Fraction:
     """The exact value of a quantity; ValueError for anything Kubernetes would reject."""
     m = _QUANTITY.match(text)
-    if not m or m.group(2) not in _SUFFIX:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    if not m or m.group(3) not in _SUFFIX:
+        raise ValueError(f"not a Kubernetes quantity: {_short(text)!r}")
+    exponent = (m.group(2) or "0").lstrip("+-").lstrip("0") or "0"
+    if len(exponent) > 3 or int(exponent) > _MAX_EXPONENT or len(m.group(1)) > _MAX_DIGITS:
+        raise ValueError(f"quantity out of range: {_short(text)!r}")
     try:
         number = Fraction(Decimal(m.group(1)))
     except InvalidOperation as e:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}") from e
-    return number * _SUFFIX[m.group(2)]
+        raise ValueError(f"not a Kubernetes quantity: {_short(text)!r}") from e
+    value = number * _SUFFIX[m.group(3)]
+    if value > MAX_QUANTITY:
+        raise ValueError(f"quantity too large (at most 2^63-1): {_short(text)!r}")
+    return value
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """``text`` cut for an error message: a bad value may be a whole file."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def parse_memory_quantity(text: str) -> int:

@@ -8,6 +8,7 @@ slice when the quota sits there), so the numbers a tool divides match the limit 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -62,7 +63,8 @@ def parse_cpuacct_usage_all(text: str) -> tuple[int, int]:
     user = system = 0
     for line in text.splitlines()[1:]:
         parts = line.split()
-        if len(parts) == 3 and parts[0].isdigit():
+        # ASCII digits only: a negative or non-ASCII counter is dropped, never served.
+        if len(parts) == 3 and all(p.isascii() and p.isdigit() for p in parts):
             user += int(parts[1])
             system += int(parts[2])
     return user // 1000, system // 1000
@@ -318,6 +320,12 @@ class IoCounters:
     dios: int = 0
 
 
+def _uint(text: str) -> int | None:
+    """A counter of ASCII digits, or None: str.isdigit() also says yes to "²", which
+    int() refuses (a corrupt io.stat raised ValueError through every diskstats read)."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def parse_io_stat(text: str) -> dict[tuple[int, int], IoCounters]:
     """v2 ``io.stat``: ``MAJ:MIN rbytes=.. wbytes=.. rios=.. wios=.. dbytes=.. dios=..``."""
     out: dict[tuple[int, int], IoCounters] = {}
@@ -332,8 +340,9 @@ def parse_io_stat(text: str) -> dict[tuple[int, int], IoCounters]:
         kv: dict[str, int] = {}
         for p in parts[1:]:
             k, _, v = p.partition("=")
-            if v.isdigit():
-                kv[k] = int(v)
+            n = _uint(v)
+            if n is not None:
+                kv[k] = n
         out[(major, minor)] = IoCounters(**{k: kv.get(k, 0) for k in
                                             ("rbytes", "wbytes", "rios", "wios", "dbytes",
                                              "dios")})
@@ -347,7 +356,7 @@ def parse_blkio_recursive(bytes_text: str, ios_text: str) -> dict[tuple[int, int
     for text, suffix in ((bytes_text, "bytes"), (ios_text, "ios")):
         for line in text.splitlines():
             parts = line.split()
-            if len(parts) != 3 or ":" not in parts[0] or not parts[2].isdigit():
+            if len(parts) != 3 or ":" not in parts[0] or _uint(parts[2]) is None:
                 continue
             try:
                 dev = tuple(int(x) for x in parts[0].split(":", 1))
@@ -356,7 +365,7 @@ def parse_blkio_recursive(bytes_text: str, ios_text: str) -> dict[tuple[int, int
             op = {"Read": "r", "Write": "w", "Discard": "d"}.get(parts[1])
             if op is None:
                 continue
-            acc.setdefault(dev, {})[op + suffix] = int(parts[2])  # type: ignore[index]
+            acc.setdefault(dev, {})[op + suffix] = _uint(parts[2])  # type: ignore[index]
     return {dev: IoCounters(**kv) for dev, kv in acc.items()}  # type: ignore[misc]
 
 
@@ -374,8 +383,24 @@ def read_io(snap: Snapshot) -> Mapping[tuple[int, int], IoCounters] | None:
     return MappingProxyType(parse_blkio_recursive(b, n))
 
 
+_PRESSURE_LINE = re.compile(r"(some|full) avg10=\d+\.\d\d avg60=\d+\.\d\d avg300=\d+\.\d\d "
+                            r"total=\d+", re.ASCII)
+
+
+def valid_pressure(text: str | None) -> str | None:
+    """``text`` if it has the kernel's PSI shape, else None: the cgroup's file is served
+    as it is, so a corrupt one must not reach a reader (the host's is served instead)."""
+    if text is None:
+        return None
+    lines = text.splitlines()
+    if not lines or not all(_PRESSURE_LINE.fullmatch(ln) for ln in lines):
+        return None
+    return text if text.endswith("\n") else text + "\n"
+
+
 def read_pressure(snap: Snapshot, lim: EffectiveLimits, resource: str) -> str | None:
-    """The cgroup's ``<resource>.pressure`` text (v2 only), at the level whose limit applies."""
+    """The cgroup's ``<resource>.pressure`` text (v2 only), at the level whose limit
+    applies; None when there is none or it is malformed."""
     controller, cgroup = {"cpu": ("cpu", cpu_cgroup(lim)),
                           "memory": ("memory", memory_cgroup(lim)),
                           "io": ("blkio", None)}[resource]
@@ -385,4 +410,4 @@ def read_pressure(snap: Snapshot, lim: EffectiveLimits, resource: str) -> str | 
     level = level_for(h, cgroup)
     if level is None:
         return None
-    return level.files.get(f"{resource}.pressure")
+    return valid_pressure(level.files.get(f"{resource}.pressure"))

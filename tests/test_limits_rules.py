@@ -198,14 +198,14 @@ def test_downward_api_node_allocatable_means_no_limit(copy_fixture, tmp_path):
     assert lim.cpu_count.value == 2
 
 
-def test_bad_downward_api_file_is_a_warning_bad_option_is_an_error(copy_fixture, tmp_path):
+def test_bad_downward_api_file_and_bad_option_are_errors(copy_fixture, tmp_path):
     root = copy_fixture("docker-v2-private-ns")
     d = tmp_path / "podinfo"
     d.mkdir()
-    (d / "limits.memory").write_text("")
-    lim = limits_of(root, limits_dir=str(d))
-    assert lim.memory.value == 256 * MiB
-    assert any("limits.memory" in w for w in lim.warnings)
+    for text in ("", "lots"):
+        (d / "limits.memory").write_text(text)
+        with pytest.raises(ExplicitLimitError, match="limits.memory"):
+            limits_of(root, limits_dir=str(d))
     with pytest.raises(ExplicitLimitError):
         limits_of(root, memory_limit="lots")
     with pytest.raises(ExplicitLimitError):
