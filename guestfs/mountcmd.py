@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import signal
@@ -13,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from guestfs import sysmount
+from guestfs import mountlock, sysmount
 from guestfs.explicit import ExplicitLimits
 from guestfs.fuse_binding import load_binding
 from guestfs.fusefs import make_operations
@@ -45,6 +46,7 @@ class MountOptions:
     daemon: bool = False
     pid_file: str | None = None
     log_file: str | None = None
+    exit_when_unused: bool = False
 
 
 def is_guestfs_mount(path: str) -> bool:
@@ -120,6 +122,40 @@ def prepare_mountpoint(mp: str) -> None:
     os.makedirs(mp, exist_ok=True)
 
 
+def hold_mount_lock(mp: str, timeout: float = 1.0) -> int:
+    """Take ``mp``'s mount lock for the life of this process (the descriptor is returned and
+    must stay open): one guestfs mount per mountpoint. Taken before the mountpoint is even
+    looked at, so a second mount neither stacks on a live one nor probes (and blocks on)
+    one whose daemon is stopped. Waits ``timeout`` for a holder that only probes it."""
+    fd = mountlock.open_lock(mp, "mount")
+    if not mountlock.flock_within(fd, fcntl.LOCK_EX, timeout):
+        owner = mountlock.read_owner(fd)
+        os.close(fd)
+        raise MountError(f"{mp} is already served by another guestfs mount"
+                         + (f" (pid {owner.split()[0]})" if owner else "")
+                         + "; one mount per mountpoint")
+    return fd
+
+
+def exit_when_unused(mp: str, interval: float = 0.25, grace: float = 2.0) -> None:
+    """Stop serving once no `guestfs run` holds ``mp``'s users lock. The exclusive lock is
+    kept until exit, so a run arriving meanwhile waits for this daemon to be gone and then
+    starts its own, instead of reusing a mount that is going away. The first check waits
+    ``grace`` seconds, for libfuse to have installed the SIGTERM handler that unmounts."""
+    fd = mountlock.open_lock(mp, "users")
+    main = threading.main_thread().ident
+
+    def loop() -> None:
+        time.sleep(grace)
+        while not mountlock.try_flock(fd, fcntl.LOCK_EX):
+            time.sleep(interval)
+        log.info("%s: no guestfs run uses this mount any more; stopping", mp)
+        # To the main thread: libfuse's handler ends the loop, serve() unmounts.
+        signal.pthread_kill(main, signal.SIGTERM)  # type: ignore[arg-type]
+
+    threading.Thread(target=loop, name="guestfs-users", daemon=True).start()
+
+
 def wait_until(ready: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
     """Poll ``ready`` until it holds (True) or ``timeout`` seconds pass (False)."""
     deadline = time.monotonic() + timeout
@@ -158,9 +194,13 @@ def _daemonize(opts: MountOptions) -> None:
 def serve(opts: MountOptions) -> int:
     mp = os.path.abspath(opts.mountpoint)
     binding = load_binding(opts.binding)
+    lock_fd = hold_mount_lock(mp)
     prepare_mountpoint(mp)
     if opts.daemon:
         _daemonize(opts)
+    mountlock.write_owner(lock_fd, f"{os.getpid()} {mp}\n")
+    if opts.exit_when_unused:
+        exit_when_unused(mp)
     host = pin_host_files(SERVED_FILES)
     server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
                                            opts.explicit, opts.cpu_rounding))
