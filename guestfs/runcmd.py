@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 
-from guestfs import sysmount
+from guestfs import supervise, sysmount
 from guestfs.hostroot import pread_all
 from guestfs.mountcmd import is_guestfs_mount, wait_mounted, wait_until
 from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
@@ -140,11 +140,13 @@ def _child(binds: list[tuple[str, str]], cmd: list[str]) -> None:
 
 def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False) -> int:
     mp = os.path.abspath(mp)
-    daemon = None
-    if not is_guestfs_mount(mp):
-        daemon = start_daemon(mp, mount_args)
-    materialized = None
+    # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
+    mount_args = [*mount_args, "--exit-when-unused"]
+    users = supervise.join_users(mp)
+    daemon = supervisor = materialized = None
     try:
+        if not is_guestfs_mount(mp):
+            daemon = supervise.start_or_reuse(mp, lambda: start_daemon(mp, mount_args))
         binds = binds_for(mp, bind_pressure)
         wait_serving(mp + "/proc/meminfo")
         if not rereads_after_lseek(mp + "/proc/meminfo"):
@@ -155,6 +157,10 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         pid = os.fork()
         if pid == 0:
             _child(binds, cmd)
+        # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
+        supervisor = supervise.Supervisor(mp, lambda: start_daemon(mp, mount_args), pid,
+                                          None if materialized else binds, daemon)
+        supervisor.start()
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
         _, status = os.waitpid(pid, 0)
@@ -163,7 +169,9 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         rc = os.waitstatus_to_exitcode(status)
         return 128 - rc if rc < 0 else rc
     finally:
+        if supervisor is not None:
+            supervisor.stop()
+            daemon = supervisor.daemon  # the one it restarted, if it did
         if materialized is not None:
             materialized.close()
-        if daemon is not None:
-            stop_process(daemon)
+        supervise.leave_users(mp, users, daemon)

@@ -1,0 +1,264 @@
+"""`guestfs run`'s supervision: count the runs that use a mount, and restart a daemon that
+died, re-binding its files inside the app's mount namespace.
+
+A restarted daemon is a new FUSE connection, mounted in run's own mount namespace; the
+app's namespace is private (nothing propagates into it) and still holds binds of the dead
+connection, which answer ENOTCONN. So each served file of the new mount is cloned into a
+detached mount tree here (open_tree), and a forked child joins the app's namespace,
+detaches the stale binds and moves the clones over them (move_mount). The app never
+restarts and needs no privilege for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from guestfs import mountlock, sysmount
+from guestfs.mountcmd import is_guestfs_mount
+
+log = logging.getLogger("guestfs.run")
+
+# Same numbers on every architecture (syscalls numbered after 403 are unified).
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+AT_FDCWD = -100
+AT_SYMLINK_NOFOLLOW = 0x100
+UMOUNT_NOFOLLOW = 0x8
+MNT_DETACH = 2
+USERS_TIMEOUT = 15.0  # how long a new run waits for a daemon that is stopping to be gone
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _syscall(what: str, *args: object) -> int:
+    rc = _libc.syscall(*args)
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+    return int(rc)
+
+
+def open_tree_clone(path: str) -> int:
+    """A detached copy of the mount at ``path`` (a file bind works too), as a descriptor
+    that can be moved into another mount namespace. Symlinks are not followed."""
+    return _syscall(f"open_tree {path}", ctypes.c_long(SYS_OPEN_TREE), ctypes.c_int(AT_FDCWD),
+                    ctypes.c_char_p(os.fsencode(path)),
+                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW))
+
+
+def move_mount_to(tree_fd: int, target: str) -> None:
+    """Attach the detached tree ``tree_fd`` at ``target`` (a symlink there is not
+    followed: move_mount follows one only with MOVE_MOUNT_T_SYMLINKS)."""
+    _syscall(f"move_mount onto {target}", ctypes.c_long(SYS_MOVE_MOUNT), ctypes.c_int(tree_fd),
+             ctypes.c_char_p(b""), ctypes.c_int(AT_FDCWD), ctypes.c_char_p(os.fsencode(target)),
+             ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH))
+
+
+def _dead_connection(path: str) -> bool:
+    """``path`` is served by a FUSE connection whose daemon is gone. A stat can still be
+    answered from the attribute cache for a moment; a read cannot. (Only called once the
+    daemon is known to be gone, so the read cannot block on a live but stopped one.)"""
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            with open(path, "rb", buffering=0) as f:
+                f.read(1)
+    except OSError as e:
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return False
+
+
+def _umount_nofollow(path: str) -> None:
+    if _libc.umount2(os.fsencode(path), ctypes.c_int(MNT_DETACH | UMOUNT_NOFOLLOW)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"umount {path}: {os.strerror(e)}")
+
+
+def replace_mount(tree_fd: int, target: str) -> None:
+    """In the current namespace: detach every dead mount stacked on ``target``, then put
+    ``tree_fd`` there. A mount that cannot be detached (locked into a user namespace) is
+    covered instead."""
+    for _ in range(8):
+        if not _dead_connection(target):
+            break
+        try:
+            _umount_nofollow(target)
+        except OSError:
+            break
+    move_mount_to(tree_fd, target)
+
+
+def rebind_in(pid: int, pairs: list[tuple[str, str]]) -> None:
+    """For each (source here, target in ``pid``'s mount namespace): replace the target with
+    a clone of the source. The namespace is joined by a forked child: a process with
+    threads cannot setns into a mount namespace."""
+    fds = [open_tree_clone(src) for src, _ in pairs]
+    try:
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the child; reports through the pipe
+            os.close(r)
+            code, msg = 0, b""
+            try:
+                sysmount.enter_mount_namespace(pid)
+                for fd, (_, target) in zip(fds, pairs, strict=True):
+                    replace_mount(fd, target)
+            except BaseException as e:  # noqa: BLE001 - any failure goes to the parent
+                code, msg = 1, f"{type(e).__name__}: {e}".encode()
+            with contextlib.suppress(OSError):
+                os.write(w, msg)
+            os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            msg = f.read().decode(errors="replace")
+        _, status = os.waitpid(child, 0)
+        if status != 0:
+            raise OSError(f"re-binding in pid {pid}'s mount namespace: {msg or 'failed'}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def join_users(mp: str, timeout: float = USERS_TIMEOUT) -> int:
+    """Count this run as a user of ``mp`` (a shared lock, held until exit or death). Waits
+    while a daemon that found itself unused is stopping (it holds the lock exclusively)."""
+    fd = mountlock.open_lock(mp, "users")
+    if not mountlock.flock_within(fd, fcntl.LOCK_SH, timeout):
+        os.close(fd)
+        raise OSError(f"{mp}: its guestfs daemon has been stopping for {timeout:g}s "
+                      "(stopped with SIGSTOP?)")
+    return fd
+
+
+def stop_daemon(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
+    """SIGTERM (the daemon unmounts on it) and SIGCONT (a stopped daemon would sit on the
+    SIGTERM); SIGKILL after ``timeout``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def leave_users(mp: str, users_fd: int,
+                daemon: subprocess.Popen | None) -> None:  # type: ignore[type-arg]
+    """Drop this run's share of ``mp``. The daemon this run started is stopped now if no
+    other run uses it; otherwise it keeps serving them and exits by itself after the last
+    (``--exit-when-unused``), whoever started it."""
+    os.close(users_fd)
+    if daemon is None or daemon.poll() is not None:
+        return
+    probe = mountlock.open_lock(mp, "users")
+    try:
+        if mountlock.try_flock(probe, fcntl.LOCK_EX):
+            stop_daemon(daemon)
+        else:
+            log.info("%s: other guestfs runs still use it; the daemon stays until the last "
+                     "one ends", mp)
+    finally:
+        os.close(probe)
+
+
+def daemon_gone(mp: str) -> bool:
+    """No daemon serves ``mp``: its mount lock is free (a live or stopped daemon holds it)
+    and no live guestfs mount is there. Never blocks on a stopped daemon: the mount is
+    only looked at once the lock says its daemon is gone."""
+    return not mountlock.served_by_other(mp) and not is_guestfs_mount(mp)
+
+
+StartDaemon = Callable[[], "subprocess.Popen[bytes]"]
+
+
+def start_or_reuse(mp: str, start: StartDaemon) -> subprocess.Popen | None:  # type: ignore[type-arg]
+    """Start a daemon for ``mp``; None if another run started one at the same moment (ours
+    then lost the mount lock and exited) and that one serves."""
+    try:
+        return start()
+    except Exception:
+        if is_guestfs_mount(mp):
+            log.info("%s: another guestfs run mounted it first; using that mount", mp)
+            return None
+        raise
+
+
+class Supervisor:
+    """Watches the daemon serving ``mp`` for the app ``app_pid``: once it is gone (killed,
+    crashed, unmounted by hand), starts a new one and re-binds ``binds`` (source here,
+    target in the app's namespace; none for copies that are refreshed from ``mp``) there.
+
+    A stopped daemon (SIGSTOP) is not gone: it holds its lock, its readers wait and go on
+    after SIGCONT. Restarts back off (1, 2, 4 ... 30 s) while the daemon keeps dying."""
+
+    def __init__(self, mp: str, start: StartDaemon, app_pid: int,
+                 binds: list[tuple[str, str]] | None,
+                 daemon: subprocess.Popen | None = None,  # type: ignore[type-arg]
+                 interval: float = 0.2) -> None:
+        self.mp, self.start_daemon, self.app_pid = mp, start, app_pid
+        self.pairs = [(mp, mp), *binds] if binds is not None else []
+        self.daemon = daemon
+        self.interval = interval
+        self.restarts: list[float] = []  # monotonic times of each recovery
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="guestfs-supervise",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _loop(self) -> None:
+        backoff = 0.0
+        while not self._stop.wait(self.interval):
+            if self.daemon is not None:
+                self.daemon.poll()  # reap it, so its lock and mount are seen as gone
+            try:
+                if not daemon_gone(self.mp):
+                    continue
+            except OSError as e:
+                log.warning("checking the daemon of %s: %s", self.mp, e)
+                continue
+            if backoff and self._stop.wait(backoff):
+                return
+            backoff = 0.0 if self._recover() else min(30.0, max(1.0, backoff * 2))
+
+    def _recover(self) -> bool:
+        began = time.monotonic()
+        log.warning("the guestfs daemon of %s is gone; starting a new one", self.mp)
+        try:
+            self.daemon = self.start_daemon()
+        except Exception as e:  # noqa: BLE001 - any failure: retry with backoff
+            # Another run sharing the mount may have restarted it first: use that one.
+            if not is_guestfs_mount(self.mp):
+                log.error("restarting the daemon of %s failed: %s", self.mp, e)
+                return False
+        if self.pairs and not self._stop.is_set():
+            try:
+                rebind_in(self.app_pid, self.pairs)
+            except OSError as e:
+                log.error("%s", e)
+                return False
+        self.restarts.append(time.monotonic())
+        log.warning("%s served again, files re-bound for pid %d in %.2fs", self.mp,
+                    self.app_pid, time.monotonic() - began)
+        return True

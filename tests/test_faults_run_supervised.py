@@ -1,0 +1,221 @@
+"""Faults of the daemon under `guestfs run`, each asserting what the app's readers see:
+kill -9 (run restarts it and re-binds in the app's namespace), SIGSTOP/SIGCONT (readers
+wait, then go on; no restart), and two runs sharing one mount (the first leaving does not
+take the second's files away).
+
+The app is a reader of /proc/meminfo logging one line per read (monotonic time, then the
+MemTotal it saw or err<errno>), until a stop file appears."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from guestfs import sysmount
+from guestfs.mountcmd import is_guestfs_mount
+from tests.fusemount import force_unmount, require_fuse, wait_for
+
+pytestmark = pytest.mark.real
+LIMIT_KB = 524288  # --memory-limit 512Mi
+RECOVERY_S = 15.0  # polled deadline; measured recoveries are printed (and in the docs)
+
+READER = """
+import sys, time, os
+log = open(sys.argv[1], "a", buffering=1)
+while not os.path.exists(sys.argv[2]):
+    try:
+        with open("/proc/meminfo") as f:
+            seen = f.readline().split()[1]
+    except OSError as e:
+        seen = f"err{e.errno}"
+    log.write(f"{time.monotonic():.3f} {seen}\\n")
+    time.sleep(0.05)
+"""
+
+
+class App:
+    """`guestfs run` around a reader; its output goes to files, since a daemon it started
+    may outlive it (and would hold a pipe open)."""
+
+    def __init__(self, tmp: Path, name: str, mp: str) -> None:
+        self.log, self.stopfile = tmp / f"{name}.log", tmp / f"{name}.stop"
+        script = tmp / "reader.py"
+        script.write_text(READER)
+        self.out = open(tmp / f"{name}.out", "wb")  # noqa: SIM115 - closed in finish()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "guestfs", "run", "--mountpoint", mp, "--memory-limit",
+             "512Mi", "--", sys.executable, "-I", str(script), str(self.log),
+             str(self.stopfile)], stdout=self.out, stderr=subprocess.STDOUT)
+
+    def reads(self) -> list[tuple[float, str]]:
+        with contextlib.suppress(FileNotFoundError):
+            rows = [ln.split() for ln in self.log.read_text().splitlines()]
+            return [(float(r[0]), r[1]) for r in rows if len(r) == 2]
+        return []
+
+    def served_after(self, t: float) -> float | None:
+        """The time of the first read after ``t`` that saw the served limit."""
+        return next((at for at, seen in self.reads() if at > t and seen == str(LIMIT_KB)),
+                    None)
+
+    def daemons(self) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return [c for c in psutil.Process(self.proc.pid).children()
+                    if "mount" in c.cmdline()]
+        return []
+
+    def output(self) -> str:
+        return Path(self.out.name).read_text(errors="replace")
+
+    def finish(self, timeout: float = 60) -> int:
+        self.stopfile.touch()
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.out.close()
+
+    def kill(self) -> None:
+        self.stopfile.touch()
+        for d in self.daemons():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                d.send_signal(signal.SIGCONT)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.out.close()
+
+
+@pytest.fixture
+def apps(tmp_path: Path) -> Iterator[tuple[str, list[App]]]:
+    """A mountpoint and the list of apps a test starts there; every app, daemon and mount
+    is gone afterwards, pass or fail."""
+    require_fuse()
+    mp = str(tmp_path / "mnt")
+    started: list[App] = []
+    before = {p.pid for p in psutil.process_iter()}
+    try:
+        yield mp, started
+    finally:
+        daemons = [d for a in started for d in a.daemons()]
+        for a in started:
+            a.kill()
+        # Daemons whose run has exited (shared ones) were reparented: find them by mountpoint.
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if p.pid not in before and mp in " ".join(p.info["cmdline"] or []):
+                daemons.append(p)
+        for d in daemons:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                d.send_signal(signal.SIGCONT)
+                d.kill()
+        force_unmount(mp)
+
+
+def start_app(tmp_path: Path, mp: str, started: list[App], name: str = "app") -> App:
+    app = App(tmp_path, name, mp)
+    started.append(app)
+    assert wait_for(lambda: app.served_after(0) is not None, 60), app.output()
+    return app
+
+
+def host_memtotal_kb() -> int:
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1])
+
+
+def test_kill_9_of_the_daemon_under_run_is_healed(tmp_path, apps):
+    mp, started = apps
+    assert host_memtotal_kb() != LIMIT_KB
+    app = start_app(tmp_path, mp, started)
+    recoveries = []
+    for _ in range(2):
+        (daemon,) = app.daemons()
+        killed_at = time.monotonic()
+        daemon.kill()
+        after = killed_at + 0.05
+        assert wait_for(lambda t=after: app.served_after(t) is not None, RECOVERY_S), \
+            (app.output(), app.reads()[-5:])
+        recoveries.append(app.served_after(killed_at + 0.05) - killed_at)
+        assert len(app.daemons()) == 1 and app.daemons()[0].pid != daemon.pid
+    # What the reader saw in between: its limit, or ENOTCONN while no daemon served.
+    assert {seen for _, seen in app.reads()} <= {str(LIMIT_KB), "err107"}
+    assert app.finish() == 0, app.output()
+    assert "served again, files re-bound" in app.output()
+    assert not is_guestfs_mount(mp)
+    print(f"kill -9 of the daemon under run: reads served again after "
+          f"{', '.join(f'{r:.2f}' for r in recoveries)} s")
+
+
+def test_a_stopped_daemon_holds_readers_until_sigcont(tmp_path, apps):
+    """A SIGSTOPped daemon is not treated as dead: readers wait in the kernel (FUSE) and
+    go on after SIGCONT, with no error and no second daemon."""
+    mp, started = apps
+    app = start_app(tmp_path, mp, started)
+    (daemon,) = app.daemons()
+    daemon.suspend()
+    stopped_at = time.monotonic()
+    try:
+        # The reader blocks: no read completes after the first one in flight.
+        assert wait_for(lambda: time.monotonic() - max(t for t, _ in app.reads()) > 2, 10)
+        assert [d.pid for d in app.daemons()] == [daemon.pid]  # not restarted meanwhile
+    finally:
+        daemon.resume()
+    resumed_at = time.monotonic()
+    assert wait_for(lambda: app.served_after(resumed_at) is not None, RECOVERY_S)
+    assert [d.pid for d in app.daemons()] == [daemon.pid]
+    assert {seen for _, seen in app.reads()} == {str(LIMIT_KB)}  # never an error
+    assert app.finish() == 0, app.output()
+    print(f"SIGSTOP for {resumed_at - stopped_at:.2f} s: reads resumed "
+          f"{app.served_after(resumed_at) - resumed_at:.2f} s after SIGCONT")
+
+
+def test_a_stopped_daemon_does_not_keep_run_from_exiting(tmp_path, apps):
+    mp, started = apps
+    app = start_app(tmp_path, mp, started)
+    (daemon,) = app.daemons()
+    daemon.suspend()
+    app.stopfile.touch()  # the reader is blocked; it exits after its read completes
+    os.kill(app.proc.pid, signal.SIGTERM)  # forwarded to the app, which ends
+    assert app.proc.wait(60) == 128 + signal.SIGTERM or app.proc.returncode == 0
+    assert wait_for(lambda: not daemon.is_running() or daemon.status() == "zombie", 30)
+    # It was woken to unmount (SIGCONT with the SIGTERM), not killed with its mount left
+    # stale for the next user.
+    assert not is_guestfs_mount(mp) and not sysmount.is_stale_mount(mp)
+
+
+def test_two_runs_share_a_mount_and_the_first_may_leave_first(tmp_path, apps):
+    mp, started = apps
+    first = start_app(tmp_path, mp, started, "first")
+    second = start_app(tmp_path, mp, started, "second")
+    assert len(first.daemons()) == 1 and second.daemons() == []  # the second reused it
+    (daemon,) = first.daemons()
+    assert first.finish() == 0, first.output()
+    left_at = time.monotonic()
+    # The second keeps being served, by the same daemon, with not one failed read.
+    assert wait_for(lambda: len([t for t, _ in second.reads() if t > left_at + 2]) >= 10, 30)
+    assert {seen for _, seen in second.reads()} == {str(LIMIT_KB)}, second.reads()[-5:]
+    assert daemon.is_running() and is_guestfs_mount(mp)
+    # The last user gone, the daemon unmounts and exits by itself.
+    assert second.finish() == 0, second.output()
+    assert wait_for(lambda: not daemon.is_running(), RECOVERY_S)
+    assert not is_guestfs_mount(mp)
+
+
+def test_a_third_run_after_both_left_starts_a_new_daemon(tmp_path, apps):
+    """The mount is not kept by anyone once unused; the next run mounts again."""
+    mp, started = apps
+    first = start_app(tmp_path, mp, started, "first")
+    (daemon,) = first.daemons()
+    assert first.finish() == 0, first.output()
+    assert wait_for(lambda: not daemon.is_running(), RECOVERY_S)
+    again = start_app(tmp_path, mp, started, "again")
+    assert len(again.daemons()) == 1
+    assert again.finish() == 0, again.output()
