@@ -132,6 +132,19 @@ def rebind_in(pid: int, pairs: list[tuple[str, str]]) -> None:
             os.close(fd)
 
 
+def _signal_main_thread(pid: int, sig: int) -> None:
+    """tgkill(pid, pid, sig): ``sig`` to the main thread of process ``pid`` only."""
+    tgkill = getattr(_libc, "tgkill", None)
+    if tgkill is None:  # a libc older than 2.30
+        os.kill(pid, sig)
+        return
+    if tgkill(ctypes.c_int(pid), ctypes.c_int(pid), ctypes.c_int(sig)) != 0:
+        e = ctypes.get_errno()
+        if e == errno.ESRCH:
+            raise ProcessLookupError(e, f"tgkill {pid}: {os.strerror(e)}")
+        raise OSError(e, f"tgkill {pid}: {os.strerror(e)}")
+
+
 def join_users(mp: str, timeout: float = USERS_TIMEOUT) -> int:
     """Count this run as a user of ``mp`` (a shared lock, held until exit or death). Waits
     while a daemon that found itself unused is stopping (it holds the lock exclusively)."""
@@ -144,11 +157,17 @@ def join_users(mp: str, timeout: float = USERS_TIMEOUT) -> int:
 
 
 def stop_daemon(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
-    """SIGTERM (the daemon unmounts on it) and SIGCONT (a stopped daemon would sit on the
-    SIGTERM); SIGKILL after ``timeout``."""
+    """SIGTERM to the daemon's main thread (it unmounts on it) and SIGCONT (a stopped daemon
+    would sit on it); SIGKILL after ``timeout``. libfuse's loop ends only when its main
+    thread takes the signal: sent to the process, a SIGTERM is taken by any thread that
+    wants it, which for a stopped or just-continued daemon is often a worker, and the
+    daemon then never unmounts. A thread-directed one waits for the main thread."""
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGTERM)
+    try:
+        _signal_main_thread(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGCONT)
     try:
