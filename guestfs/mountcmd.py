@@ -127,33 +127,35 @@ def hold_mount_lock(mp: str, timeout: float = 1.0) -> int:
     must stay open): one guestfs mount per mountpoint. Taken before the mountpoint is even
     looked at, so a second mount neither stacks on a live one nor probes (and blocks on)
     one whose daemon is stopped. Waits ``timeout`` for a holder that only probes it."""
-    fd = mountlock.open_lock(mp, "mount")
-    if not mountlock.flock_within(fd, fcntl.LOCK_EX, timeout):
-        owner = mountlock.read_owner(fd)
-        os.close(fd)
+    fd = mountlock.acquire(mp, "mount", fcntl.LOCK_EX, timeout)
+    if fd is None:
+        owner = mountlock.read_owner(mp)
         raise MountError(f"{mp} is already served by another guestfs mount"
                          + (f" (pid {owner.split()[0]})" if owner else "")
                          + "; one mount per mountpoint")
     return fd
 
 
-def exit_when_unused(mp: str, interval: float = 0.25, grace: float = 2.0) -> None:
+def exit_when_unused(mp: str, interval: float = 0.25, grace: float = 2.0) -> list[int]:
     """Stop serving once no `guestfs run` holds ``mp``'s users lock. The exclusive lock is
-    kept until exit, so a run arriving meanwhile waits for this daemon to be gone and then
-    starts its own, instead of reusing a mount that is going away. The first check waits
-    ``grace`` seconds, for libfuse to have installed the SIGTERM handler that unmounts."""
-    fd = mountlock.open_lock(mp, "users")
+    kept until exit (the returned list receives its descriptor), so a run arriving
+    meanwhile waits for this daemon to be gone and then starts its own, instead of reusing
+    a mount that is going away. The first check waits ``grace`` seconds, for libfuse to
+    have installed the SIGTERM handler that unmounts."""
+    held: list[int] = []
     main = threading.main_thread().ident
 
     def loop() -> None:
         time.sleep(grace)
-        while not mountlock.try_flock(fd, fcntl.LOCK_EX):
+        while (fd := mountlock.acquire(mp, "users", fcntl.LOCK_EX)) is None:
             time.sleep(interval)
+        held.append(fd)
         log.info("%s: no guestfs run uses this mount any more; stopping", mp)
         # To the main thread: libfuse's handler ends the loop, serve() unmounts.
         signal.pthread_kill(main, signal.SIGTERM)  # type: ignore[arg-type]
 
     threading.Thread(target=loop, name="guestfs-users", daemon=True).start()
+    return held
 
 
 def wait_until(ready: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
@@ -199,8 +201,7 @@ def serve(opts: MountOptions) -> int:
     if opts.daemon:
         _daemonize(opts)
     mountlock.write_owner(lock_fd, f"{os.getpid()} {mp}\n")
-    if opts.exit_when_unused:
-        exit_when_unused(mp)
+    users_held = exit_when_unused(mp) if opts.exit_when_unused else []
     host = pin_host_files(SERVED_FILES)
     server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
                                            opts.explicit, opts.cpu_rounding))
@@ -239,6 +240,10 @@ def serve(opts: MountOptions) -> int:
         if sysmount.is_stale_mount(mp) or is_guestfs_mount(mp):
             with contextlib.suppress(OSError):
                 sysmount.umount(mp, detach=True)
+        # Unmounted: the locks' files can go (kept if a run still holds the users lock).
+        for fd in users_held:
+            mountlock.release_removing(fd, mp, "users")
+        mountlock.release_removing(lock_fd, mp, "mount")
     log.info("unmounted %s (%d reads fell back to host files)", mp, server.errors)
     return 0
 

@@ -63,22 +63,41 @@ def _open_dir(lock_dir: str) -> int:
     return fd
 
 
-def open_lock(mountpoint: str, kind: str, lock_dir: str | None = None) -> int:
+def _path(mountpoint: str, kind: str, lock_dir: str | None) -> tuple[str, str]:
+    return lock_dir or LOCK_DIR, f"{mount_key(mountpoint)}.{kind}"
+
+
+def open_lock(mountpoint: str, kind: str, lock_dir: str | None = None,
+              create: bool = True) -> int:
     """An open descriptor (close-on-exec) of the ``kind`` ('mount' or 'users') lock file of
-    ``mountpoint``; the caller flocks it."""
-    dir_fd = _open_dir(lock_dir or LOCK_DIR)
-    name = f"{mount_key(mountpoint)}.{kind}"
+    ``mountpoint``. Lock it with acquire(), which also checks it was not removed meanwhile."""
+    where, name = _path(mountpoint, kind, lock_dir)
+    dir_fd = _open_dir(where)
+    flags = _FILE_FLAGS if create else _FILE_FLAGS & ~os.O_CREAT
     try:
-        fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dir_fd)
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
     except OSError as e:
-        raise LockError(f"lock file {lock_dir or LOCK_DIR}/{name}: {e.strerror}"
+        if e.errno == errno.ENOENT and not create:
+            raise
+        raise LockError(f"lock file {where}/{name}: {e.strerror}"
                         + (" (a symlink?)" if e.errno == errno.ELOOP else "")) from None
     finally:
         os.close(dir_fd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise LockError(f"lock file {lock_dir or LOCK_DIR}/{name}: not a regular file")
+        raise LockError(f"lock file {where}/{name}: not a regular file")
     return fd
+
+
+def _is_current(fd: int, mountpoint: str, kind: str, lock_dir: str | None) -> bool:
+    """``fd`` is still the file at its path: not removed (or replaced) by a holder that
+    was done with it between our open and our flock."""
+    try:
+        st = os.stat(os.path.join(*_path(mountpoint, kind, lock_dir)), follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
 
 
 def try_flock(fd: int, operation: int) -> bool:
@@ -90,15 +109,41 @@ def try_flock(fd: int, operation: int) -> bool:
     return True
 
 
-def flock_within(fd: int, operation: int, timeout: float, interval: float = 0.05) -> bool:
-    """flock, polling for at most ``timeout`` seconds (a plain blocking flock would hang
-    forever behind a holder that is SIGSTOPped)."""
+def acquire(mountpoint: str, kind: str, operation: int, timeout: float = 0.0,
+            lock_dir: str | None = None, interval: float = 0.05) -> int | None:
+    """``mountpoint``'s ``kind`` lock taken with ``operation`` (LOCK_SH or LOCK_EX), as an
+    open descriptor that holds it until closed; None if others still hold it after
+    ``timeout`` seconds. Polled: a blocking flock would hang forever behind a holder that
+    is SIGSTOPped. A file its last holder removed (release_removing) is opened afresh."""
     deadline = time.monotonic() + timeout
-    while not try_flock(fd, operation):
+    while True:
+        fd = open_lock(mountpoint, kind, lock_dir)
+        if try_flock(fd, operation):
+            if _is_current(fd, mountpoint, kind, lock_dir):
+                return fd
+            os.close(fd)
+            continue
+        os.close(fd)
         if time.monotonic() >= deadline:
-            return False
+            return None
         time.sleep(interval)
-    return True
+
+
+def release_removing(fd: int, mountpoint: str, kind: str,
+                     lock_dir: str | None = None) -> bool:
+    """Close ``fd``, first removing its lock file if nobody else holds it (we can hold it
+    exclusively), so that lock files do not pile up, one per mountpoint ever used. Safe
+    because every acquire() checks, once locked, that its file is still the one at the
+    path. Returns whether the file was removed."""
+    removed = False
+    try:
+        if try_flock(fd, fcntl.LOCK_EX) and _is_current(fd, mountpoint, kind, lock_dir):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(*_path(mountpoint, kind, lock_dir)))
+                removed = True
+    finally:
+        os.close(fd)
+    return removed
 
 
 def write_owner(fd: int, text: str) -> None:
@@ -107,17 +152,27 @@ def write_owner(fd: int, text: str) -> None:
     os.pwrite(fd, text.encode(), 0)
 
 
-def read_owner(fd: int, limit: int = 256) -> str:
+def read_owner(mountpoint: str, kind: str = "mount", lock_dir: str | None = None,
+               limit: int = 256) -> str:
+    """What the holder of the lock recorded with write_owner ("" if nothing)."""
     with contextlib.suppress(OSError):
-        return os.pread(fd, limit, 0).decode(errors="replace").strip()
+        fd = open_lock(mountpoint, kind, lock_dir, create=False)
+        try:
+            return os.pread(fd, limit, 0).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
     return ""
 
 
 def served_by_other(mountpoint: str, lock_dir: str | None = None) -> bool:
     """A daemon holds ``mountpoint``'s mount lock (alive, or stopped: a SIGSTOPped daemon
     still holds it). Answered without touching the mount, so it never blocks."""
-    fd = open_lock(mountpoint, "mount", lock_dir)
     try:
-        return not try_flock(fd, fcntl.LOCK_SH)
+        fd = open_lock(mountpoint, "mount", lock_dir, create=False)
+    except FileNotFoundError:
+        return False  # removed by the last daemon when it stopped
+    try:
+        return not try_flock(fd, fcntl.LOCK_SH) and _is_current(fd, mountpoint, "mount",
+                                                                  lock_dir)
     finally:
         os.close(fd)  # also drops the probe's own shared lock

@@ -148,9 +148,8 @@ def _signal_main_thread(pid: int, sig: int) -> None:
 def join_users(mp: str, timeout: float = USERS_TIMEOUT) -> int:
     """Count this run as a user of ``mp`` (a shared lock, held until exit or death). Waits
     while a daemon that found itself unused is stopping (it holds the lock exclusively)."""
-    fd = mountlock.open_lock(mp, "users")
-    if not mountlock.flock_within(fd, fcntl.LOCK_SH, timeout):
-        os.close(fd)
+    fd = mountlock.acquire(mp, "users", fcntl.LOCK_SH, timeout)
+    if fd is None:
         raise OSError(f"{mp}: its guestfs daemon has been stopping for {timeout:g}s "
                       "(stopped with SIGSTOP?)")
     return fd
@@ -183,17 +182,18 @@ def leave_users(mp: str, users_fd: int,
     other run uses it; otherwise it keeps serving them and exits by itself after the last
     (``--exit-when-unused``), whoever started it."""
     os.close(users_fd)
-    if daemon is None or daemon.poll() is not None:
-        return
-    probe = mountlock.open_lock(mp, "users")
-    try:
-        if mountlock.try_flock(probe, fcntl.LOCK_EX):
-            stop_daemon(daemon)
-        else:
+    ours = daemon is not None and daemon.poll() is None
+    last = mountlock.acquire(mp, "users", fcntl.LOCK_EX)
+    if last is None:
+        if ours:
             log.info("%s: other guestfs runs still use it; the daemon stays until the last "
                      "one ends", mp)
+        return
+    try:
+        if ours:
+            stop_daemon(daemon)  # type: ignore[arg-type]
     finally:
-        os.close(probe)
+        mountlock.release_removing(last, mp, "users")
 
 
 def daemon_gone(mp: str) -> bool:

@@ -37,6 +37,7 @@ def test_the_key_names_the_mountpoint_through_its_parents_real_path(tmp_path):
 
 def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path, lock_dir):
     mp = str(tmp_path / "m")
+    assert not mountlock.served_by_other(mp)
     fd = hold_mount_lock(mp)
     try:
         mountlock.write_owner(fd, f"{os.getpid()} {mp}\n")
@@ -46,7 +47,9 @@ def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path, lock_dir):
     finally:
         os.close(fd)
     assert not mountlock.served_by_other(mp)
-    os.close(hold_mount_lock(mp, timeout=0.1))  # free again once its holder is gone
+    again = hold_mount_lock(mp, timeout=0.1)  # free again once its holder is gone
+    assert mountlock.release_removing(again, mp, "mount")
+    assert not mountlock.served_by_other(mp)
     assert oct(lock_dir.stat().st_mode & 0o777) == oct(0o700)
 
 
@@ -79,15 +82,34 @@ def test_a_symlink_planted_as_the_lock_file_is_not_followed(tmp_path, lock_dir):
 
 def test_a_shared_users_lock_keeps_an_exclusive_probe_out(tmp_path, lock_dir):
     mp = str(tmp_path / "m")
-    user = mountlock.open_lock(mp, "users")
-    assert mountlock.try_flock(user, fcntl.LOCK_SH)
-    probe = mountlock.open_lock(mp, "users")
+    users = [mountlock.acquire(mp, "users", fcntl.LOCK_SH) for _ in range(2)]
+    assert None not in users
+    assert mountlock.acquire(mp, "users", fcntl.LOCK_EX) is None
+    assert not mountlock.release_removing(users.pop(), mp, "users")  # another still holds
+    assert mountlock.acquire(mp, "users", fcntl.LOCK_EX) is None
+    os.close(users.pop())
+    last = mountlock.acquire(mp, "users", fcntl.LOCK_EX)
+    assert last is not None
+    assert mountlock.release_removing(last, mp, "users")
+    assert list(lock_dir.iterdir()) == []  # the last one out removes the file
+
+
+def test_a_file_removed_between_open_and_flock_is_not_trusted(tmp_path, lock_dir):
+    """A locker that opened the file just before its last holder removed it must not count
+    on that orphan: acquire() opens the path afresh."""
+    mp = str(tmp_path / "m")
+    holder = mountlock.acquire(mp, "mount", fcntl.LOCK_EX)
+    orphan = mountlock.open_lock(mp, "mount")  # opened, not yet locked
+    assert mountlock.release_removing(holder, mp, "mount")
     try:
-        assert not mountlock.try_flock(probe, fcntl.LOCK_EX)
-        os.close(user)
-        assert mountlock.try_flock(probe, fcntl.LOCK_EX)
+        assert mountlock.try_flock(orphan, fcntl.LOCK_EX)  # an orphan locks freely...
+        fresh = mountlock.acquire(mp, "mount", fcntl.LOCK_EX)
+        assert fresh is not None  # ...but the lock that counts is on the new file
+        assert mountlock.served_by_other(mp)
+        assert mountlock.acquire(mp, "mount", fcntl.LOCK_EX, timeout=0.1) is None
+        os.close(fresh)
     finally:
-        os.close(probe)
+        os.close(orphan)
 
 
 def _mount_entries(mp: str) -> int:
