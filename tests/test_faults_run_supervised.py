@@ -1,7 +1,7 @@
 """Faults of the daemon under `guestfs run`, each asserting what the app's readers see:
 kill -9 (run restarts it and re-binds in the app's namespace), SIGSTOP/SIGCONT (readers
-wait, then go on; no restart), and two runs sharing one mount (the first leaving does not
-take the second's files away).
+wait, then go on; no restart), and two runs sharing one mount (the first leaving, or being
+killed with -9, does not take the second's files away; the daemon goes after the last).
 
 The app is a reader of /proc/meminfo logging one line per read (monotonic time, then the
 MemTotal it saw or err<errno>), until a stop file appears."""
@@ -259,3 +259,24 @@ def test_kill_9_of_a_shared_daemon_heals_every_run(tmp_path, apps):
         assert app.finish() == 0, app.output()
     assert wait_for(lambda: not all_daemons(mp), RECOVERY_S)
     assert not is_guestfs_mount(mp)
+
+
+def test_kill_9_of_the_run_that_started_a_shared_daemon(tmp_path, apps):
+    """The daemon lives while any run uses it, not while its parent does: the second run
+    keeps being served, with no failed read; and once that one is gone too (here also
+    killed with -9, so nothing of run's own cleanup runs) the daemon unmounts and exits,
+    since the kernel released both runs' users locks."""
+    mp, started = apps
+    first = start_app(tmp_path, mp, started, "first")
+    second = start_app(tmp_path, mp, started, "second")
+    (daemon,) = first.daemons()
+    first.proc.kill()
+    first.proc.wait()
+    killed_at = time.monotonic()
+    assert wait_for(lambda: len([t for t, _ in second.reads() if t > killed_at + 2]) >= 10, 30)
+    assert {seen for _, seen in second.reads()} == {str(LIMIT_KB)}, second.reads()[-5:]
+    assert daemon.is_running() and all_daemons(mp) == [daemon]
+    second.proc.kill()
+    second.proc.wait()
+    assert wait_for(lambda: not daemon.is_running(), RECOVERY_S)
+    assert not is_guestfs_mount(mp) and not sysmount.is_stale_mount(mp)
