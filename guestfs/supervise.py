@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from guestfs import mountlock, sysmount
 from guestfs.mountcmd import is_guestfs_mount
+from guestfs.mountinfo import unescape
 
 log = logging.getLogger("guestfs.run")
 
@@ -203,6 +204,21 @@ def daemon_gone(mp: str) -> bool:
     return not mountlock.served_by_other(mp) and not is_guestfs_mount(mp)
 
 
+def mount_identity(mp: str) -> tuple[str, str] | None:
+    """(mount id, device) of the FUSE mount on top at ``mp``, from our mountinfo (never
+    from the mount itself, which could block). A new daemon's mount differs from the one
+    it replaced in both: the old superblock keeps its device while any bind of it is left."""
+    found = None
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            with contextlib.suppress(ValueError, IndexError):
+                sep = fields.index("-")
+                if unescape(fields[4]) == mp and fields[sep + 1].startswith("fuse"):
+                    found = (fields[0], fields[2])
+    return found
+
+
 StartDaemon = Callable[[], "subprocess.Popen[bytes]"]
 
 
@@ -222,6 +238,8 @@ class Supervisor:
     """Watches the daemon serving ``mp`` for the app ``app_pid``: once it is gone (killed,
     crashed, unmounted by hand), starts a new one and re-binds ``binds`` (source here,
     target in the app's namespace; none for copies that are refreshed from ``mp``) there.
+    A new mount that another run sharing ``mp`` started first is re-bound as well: the
+    mount the app's binds come from is remembered, not only whether a daemon serves.
 
     A stopped daemon (SIGSTOP) is not gone: it holds its lock, its readers wait and go on
     after SIGCONT. Restarts back off (1, 2, 4 ... 30 s) while the daemon keeps dying."""
@@ -233,6 +251,8 @@ class Supervisor:
         self.mp, self.start_daemon, self.app_pid = mp, start, app_pid
         self.pairs = [(mp, mp), *binds] if binds is not None else []
         self.daemon = daemon
+        self.bound = mount_identity(mp)  # the mount the app's binds were made from
+        self._failed: tuple[str, str] | None = None
         self.interval = interval
         self.restarts: list[float] = []  # monotonic times of each recovery
         self._stop = threading.Event()
@@ -253,6 +273,7 @@ class Supervisor:
                 self.daemon.poll()  # reap it, so its lock and mount are seen as gone
             try:
                 if not daemon_gone(self.mp):
+                    self._follow_new_mount()
                     continue
             except OSError as e:
                 log.warning("checking the daemon of %s: %s", self.mp, e)
@@ -260,6 +281,24 @@ class Supervisor:
             if backoff and self._stop.wait(backoff):
                 return
             backoff = 0.0 if self._recover() else min(30.0, max(1.0, backoff * 2))
+
+    def _follow_new_mount(self) -> None:
+        """A daemon serves, but from a mount other than the app's binds' (another run
+        sharing ``mp`` restarted it first): re-bind from it."""
+        now = mount_identity(self.mp)
+        if not self.pairs or now is None or now == self.bound:
+            return
+        try:
+            rebind_in(self.app_pid, self.pairs)
+        except OSError as e:
+            if self._failed != now:  # retried every round, logged once per mount
+                log.error("%s", e)
+                self._failed = now
+            return
+        self.bound = now
+        self.restarts.append(time.monotonic())
+        log.warning("%s: a new daemon serves it; files re-bound for pid %d", self.mp,
+                    self.app_pid)
 
     def _recover(self) -> bool:
         began = time.monotonic()
@@ -277,6 +316,7 @@ class Supervisor:
             except OSError as e:
                 log.error("%s", e)
                 return False
+        self.bound = mount_identity(self.mp)
         self.restarts.append(time.monotonic())
         log.warning("%s served again, files re-bound for pid %d in %.2fs", self.mp,
                     self.app_pid, time.monotonic() - began)

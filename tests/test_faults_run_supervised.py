@@ -280,3 +280,31 @@ def test_kill_9_of_the_run_that_started_a_shared_daemon(tmp_path, apps):
     second.proc.wait()
     assert wait_for(lambda: not daemon.is_running(), RECOVERY_S)
     assert not is_guestfs_mount(mp) and not sysmount.is_stale_mount(mp)
+
+
+def test_a_daemon_replaced_behind_runs_back_is_re_bound(tmp_path, apps):
+    """Another run sharing the mount (or an operator) may put a new daemon there before this
+    run notices the old one died: run then sees a daemon serving, and must still move its
+    app's binds to the new mount. Made deterministic by stopping run meanwhile."""
+    mp, started = apps
+    app = start_app(tmp_path, mp, started)
+    (daemon,) = app.daemons()
+    pidfile = tmp_path / "other.pid"
+    os.kill(app.proc.pid, signal.SIGSTOP)
+    try:
+        daemon.kill()
+        killed_at = time.monotonic()
+        subprocess.run([sys.executable, "-m", "guestfs", "mount", mp, "--daemon",
+                        "--pid-file", str(pidfile), "--memory-limit", "512Mi"],
+                       check=True, timeout=60)
+    finally:
+        os.kill(app.proc.pid, signal.SIGCONT)
+    try:
+        assert wait_for(lambda: app.served_after(killed_at + 0.05) is not None, RECOVERY_S), \
+            (app.output(), app.reads()[-5:])
+        assert app.daemons() == []  # re-bound to the other daemon, not a third one
+        assert "a new daemon serves it; files re-bound" in app.output()
+        assert app.finish() == 0, app.output()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
