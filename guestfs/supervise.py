@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -69,14 +70,17 @@ def move_mount_to(tree_fd: int, target: str) -> None:
 
 def _dead_connection(path: str) -> bool:
     """``path`` is served by a FUSE connection whose daemon is gone. A stat can still be
-    answered from the attribute cache for a moment; a read cannot. (Only called once the
-    daemon is known to be gone, so the read cannot block on a live but stopped one.)"""
+    answered from the attribute cache for a moment; a read cannot. The path is the app's
+    to change: a symlink is not followed and a FIFO does not block the open."""
     try:
-        if os.path.isdir(path):
-            os.listdir(path)
-        else:
-            with open(path, "rb", buffering=0) as f:
-                f.read(1)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.listdir(fd)
+            elif stat.S_ISREG(os.fstat(fd).st_mode):
+                os.read(fd, 1)
+        finally:
+            os.close(fd)
     except OSError as e:
         return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False
