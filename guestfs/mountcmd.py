@@ -27,6 +27,7 @@ FSNAME = "guestfs"
 ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
 PROBE_FILE = "/sys/devices/system/cpu/online"  # served with a sysfs-style size of 4096
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
 class MountError(RuntimeError):
@@ -201,6 +202,11 @@ def serve(opts: MountOptions) -> int:
     if opts.daemon:
         _daemonize(opts)
     mountlock.write_owner(lock_fd, f"{os.getpid()} {mp}\n")
+    # libfuse's loop ends only when its own (the main) thread takes SIGTERM/SIGINT; it
+    # blocks them in its workers, and every thread started here inherits this mask, so a
+    # signal sent to the process cannot land on one of ours (after a SIGSTOP/SIGCONT it
+    # did, and the daemon then never stopped). Unblocked in this thread just before FUSE.
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     users_held = exit_when_unused(mp) if opts.exit_when_unused else []
     host = pin_host_files(SERVED_FILES)
     server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
@@ -224,6 +230,7 @@ def serve(opts: MountOptions) -> int:
     ops = make_operations(binding.module, server)
     threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
                      daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
     try:
         binding.module.FUSE(ops, mp, raw_fi=True, **kwargs)
     except RuntimeError as e:

@@ -163,9 +163,9 @@ def join_users(mp: str, timeout: float = USERS_TIMEOUT) -> int:
 def stop_daemon(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
     """SIGTERM to the daemon's main thread (it unmounts on it) and SIGCONT (a stopped daemon
     would sit on it); SIGKILL after ``timeout``. libfuse's loop ends only when its main
-    thread takes the signal: sent to the process, a SIGTERM is taken by any thread that
-    wants it, which for a stopped or just-continued daemon is often a worker, and the
-    daemon then never unmounts. A thread-directed one waits for the main thread."""
+    thread takes the signal. The daemon blocks it in its other threads, but one started by
+    another guestfs version may not: sent to the process, a SIGTERM could then be taken by
+    any thread once a stopped daemon continues, and the daemon would never unmount."""
     if proc.poll() is not None:
         return
     try:

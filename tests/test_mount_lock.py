@@ -166,3 +166,28 @@ def test_a_mount_after_a_killed_daemon_takes_over(tmp_path):
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pf.read_text()), signal.SIGKILL)
         force_unmount(mp)
+
+
+@pytest.mark.real
+def test_a_second_mount_over_a_stopped_daemon_fails_instead_of_hanging(tmp_path):
+    """The lock is looked at before the mountpoint: probing a mount whose daemon is stopped
+    (listdir, stat) would block forever."""
+    require_fuse()
+    mp = str(tmp_path / "mnt")
+    os.makedirs(mp)
+    pf = tmp_path / "pid"
+    subprocess.run([sys.executable, "-m", "guestfs", "mount", mp, "--daemon",
+                    "--pid-file", str(pf)], check=True, timeout=60)
+    daemon = int(pf.read_text())
+    os.kill(daemon, signal.SIGSTOP)
+    try:
+        out = subprocess.run([sys.executable, "-m", "guestfs", "mount", mp, "--daemon"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1
+        assert out.stderr == (f"guestfs: {mp} is already served by another guestfs mount "
+                              f"(pid {daemon}); one mount per mountpoint\n")
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+        os.kill(daemon, signal.SIGTERM)
+        assert wait_for(lambda: _mount_entries(mp) == 0, 30)
+        force_unmount(mp)
