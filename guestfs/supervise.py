@@ -34,6 +34,7 @@ log = logging.getLogger("guestfs.run")
 SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_BENEATH = 0x200
 AT_FDCWD = -100
 AT_SYMLINK_NOFOLLOW = 0x100
 UMOUNT_NOFOLLOW = 0x8
@@ -60,12 +61,14 @@ def open_tree_clone(path: str) -> int:
                     ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW))
 
 
-def move_mount_to(tree_fd: int, target: str) -> None:
+def move_mount_to(tree_fd: int, target: str, beneath: bool = False) -> None:
     """Attach the detached tree ``tree_fd`` at ``target`` (a symlink there is not
-    followed: move_mount follows one only with MOVE_MOUNT_T_SYMLINKS)."""
+    followed: move_mount follows one only with MOVE_MOUNT_T_SYMLINKS); with ``beneath``,
+    under the mount on top there (Linux 6.5+)."""
+    flags = MOVE_MOUNT_F_EMPTY_PATH | (MOVE_MOUNT_BENEATH if beneath else 0)
     _syscall(f"move_mount onto {target}", ctypes.c_long(SYS_MOVE_MOUNT), ctypes.c_int(tree_fd),
              ctypes.c_char_p(b""), ctypes.c_int(AT_FDCWD), ctypes.c_char_p(os.fsencode(target)),
-             ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH))
+             ctypes.c_uint(flags))
 
 
 def _dead_connection(path: str) -> bool:
@@ -93,16 +96,20 @@ def _umount_nofollow(path: str) -> None:
 
 
 def replace_mount(tree_fd: int, target: str) -> None:
-    """In the current namespace: detach every dead mount stacked on ``target``, then put
-    ``tree_fd`` there. A mount that cannot be detached (locked into a user namespace) is
-    covered instead."""
-    for _ in range(8):
-        if not _dead_connection(target):
-            break
+    """In the current namespace: put ``tree_fd`` at ``target`` in place of the dead mount
+    there, with no moment in between where a reader would get the kernel's own file (the
+    host's numbers): the new mount goes beneath the dead one, which is then detached.
+    Where that cannot be done (a kernel before 6.5, or a dead mount locked into a user
+    namespace, which cannot be unmounted) the new mount covers the dead one instead."""
+    if _dead_connection(target):
         try:
-            _umount_nofollow(target)
+            move_mount_to(tree_fd, target, beneath=True)
         except OSError:
-            break
+            pass
+        else:
+            with contextlib.suppress(OSError):
+                _umount_nofollow(target)
+            return
     move_mount_to(tree_fd, target)
 
 

@@ -9,6 +9,7 @@ MemTotal it saw or err<errno>), until a stop file appears."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -72,6 +73,17 @@ class App:
             return [c for c in psutil.Process(self.proc.pid).children()
                     if "mount" in c.cmdline()]
         return []
+
+    def reader_pid(self) -> int:
+        (reader,) = [c for c in psutil.Process(self.proc.pid).children()
+                     if "reader.py" in " ".join(c.cmdline())]
+        return reader.pid
+
+    def fuse_mounts_at(self, path: str) -> int:
+        """How many FUSE mounts are stacked at ``path`` in the reader's namespace."""
+        with open(f"/proc/{self.reader_pid()}/mountinfo") as f:
+            rows = [ln.split() for ln in f]
+        return sum(1 for r in rows if r[4] == path and r[r.index("-") + 1].startswith("fuse"))
 
     def output(self) -> str:
         return Path(self.out.name).read_text(errors="replace")
@@ -145,8 +157,11 @@ def test_kill_9_of_the_daemon_under_run_is_healed(tmp_path, apps):
             (app.output(), app.reads()[-5:])
         recoveries.append(app.served_after(killed_at + 0.05) - killed_at)
         assert len(app.daemons()) == 1 and app.daemons()[0].pid != daemon.pid
+        # The dead bind was replaced, not covered: none piles up in the app's namespace.
+        assert app.fuse_mounts_at("/proc/meminfo") == 1
     # What the reader saw in between: its limit, or ENOTCONN while no daemon served
-    # (ECONNABORTED for a read in flight when the daemon died); never the host's numbers.
+    # (ECONNABORTED for a read in flight when the daemon died); never the host's numbers,
+    # which a gap between detaching the dead bind and attaching the new one would show.
     assert {seen for _, seen in app.reads()} <= {str(LIMIT_KB), "err107", "err103"}
     assert app.finish() == 0, app.output()
     assert "served again, files re-bound" in app.output()
@@ -308,3 +323,65 @@ def test_a_daemon_replaced_behind_runs_back_is_re_bound(tmp_path, apps):
     finally:
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pidfile.read_text()), signal.SIGTERM)
+
+
+TIGHT_READER = """
+import json, os, sys
+host, counts = sys.argv[1].encode(), {"served": 0, "host": 0, "error": 0}
+while not os.path.exists(sys.argv[3]):
+    try:
+        fd = os.open("/proc/meminfo", os.O_RDONLY)
+        try:
+            head = os.read(fd, 40)
+        finally:
+            os.close(fd)
+        counts["host" if host in head else "served"] += 1
+    except OSError:
+        counts["error"] += 1
+open(sys.argv[2], "w").write(json.dumps(counts))
+"""
+
+
+def test_a_reader_in_a_tight_loop_never_sees_the_hosts_numbers_across_restarts(tmp_path,
+                                                                              apps):
+    """The dead bind is replaced with no gap in between: the new mount goes beneath it
+    before it is detached. (Detaching first, then attaching, let a tight reader see the
+    kernel's own /proc/meminfo about 35 times per restart.)"""
+    require_fuse()
+    mp, _ = apps
+    host = str(host_memtotal_kb())
+    script, counts, stop = tmp_path / "tight.py", tmp_path / "counts.json", tmp_path / "stop"
+    script.write_text(TIGHT_READER)
+    with open(tmp_path / "run.out", "wb") as out:
+        run = subprocess.Popen([sys.executable, "-m", "guestfs", "run", "--mountpoint", mp,
+                                "--memory-limit", "512Mi", "--", sys.executable, "-I",
+                                str(script), host, str(counts), str(stop)],
+                               stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def children(word: str) -> list[int]:
+            found = []
+            for c in psutil.Process(run.pid).children():
+                with contextlib.suppress(psutil.Error):
+                    if c.status() != psutil.STATUS_ZOMBIE and word in " ".join(c.cmdline()):
+                        found.append(c.pid)
+            return found
+
+        def output() -> str:
+            return (tmp_path / "run.out").read_text(errors="replace")
+
+        assert wait_for(lambda: children(str(script)) and len(children(" mount ")) == 1, 60)
+        for restarts in range(1, 4):
+            (old,) = children(" mount ")
+            os.kill(old, signal.SIGKILL)
+            assert wait_for(lambda n=restarts: output().count("re-bound") == n, RECOVERY_S), \
+                output()
+        stop.touch()
+        assert run.wait(60) == 0, output()
+        got = json.loads(counts.read_text())
+        assert got["host"] == 0 and got["served"] > 0, got
+    finally:
+        stop.touch()
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        force_unmount(mp)
