@@ -6,17 +6,12 @@ package is loaded from this file's own directory, the very code that started it.
 ``guestfs/`` or ``guestfs.py`` in the caller's directory is never imported (as root), and an
 empty ``guestfs/`` there cannot shadow an editable install.
 
-Usage: python -I /path/to/guestfs/_boot.py [--exit-with-fd FD] ARGS... (ARGS as for the
-guestfs command). With --exit-with-fd, FD is the read end of a pipe whose write end the
-parent keeps: end of file there means the parent is gone (even by kill -9), and this
-process then stops itself with SIGTERM, on which a serving daemon unmounts.
+Usage: python -I /path/to/guestfs/_boot.py ARGS... (ARGS as for the guestfs command).
 """
 
 import importlib.util
 import os
-import signal
 import sys
-import threading
 
 
 def _load_own_package() -> None:
@@ -30,32 +25,7 @@ def _load_own_package() -> None:
     spec.loader.exec_module(module)
 
 
-def _exit_with(fd: int) -> None:
-    """SIGTERM to ourselves once every write end of ``fd``'s pipe is closed. A pipe, not
-    PR_SET_PDEATHSIG: that follows the parent *thread* that forked us, and a supervisor may
-    start daemons from a thread that ends before the parent does."""
-    def watch() -> None:
-        while True:
-            try:
-                if not os.read(fd, 64):
-                    break
-            except InterruptedError:
-                continue
-            except OSError:
-                break
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="guestfs-parent-watch", daemon=True).start()
-
-
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--exit-with-fd"]:
-        fd = argv[1] if len(argv) > 1 else ""
-        if not fd.isdigit():
-            print(f"guestfs: --exit-with-fd {fd!r}: not a file descriptor", file=sys.stderr)
-            return 2
-        _exit_with(int(fd))
-        argv = argv[2:]
     _load_own_package()
     from guestfs.cli import main as cli_main
 

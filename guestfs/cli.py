@@ -233,7 +233,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     explicit, rounding = explicit_from_args(args, dict(os.environ))
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
                         rounding, args.fuse_binding, args.allow_other, args.daemon,
-                        args.pid_file, args.log_file)
+                        args.pid_file, args.log_file,
+                        exit_when_unused=args.exit_when_unused)
     try:
         return serve(opts)
     except (MountError, BindingError, OSError) as e:
@@ -318,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="detach once mounted (logs go to --log-file, else nowhere)")
     p.add_argument("--pid-file", metavar="FILE", help="write the serving process's pid here")
     p.add_argument("--log-file", metavar="FILE", help="with --daemon: append logs here")
+    p.add_argument("--exit-when-unused", action="store_true",
+                   help="unmount and exit once no `guestfs run` uses this mount (run starts "
+                        "its daemon so; docs/mount.md)")
     add_mount_options(p)
     add_limit_options(p, where=False)
     p.set_defaults(func=cmd_mount)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import signal
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from guestfs import privileges, sysmount
+from guestfs import mountlock, privileges, sysmount
 from guestfs.explicit import ExplicitLimits
 from guestfs.fuse_binding import load_binding
 from guestfs.fusefs import make_operations
@@ -31,6 +32,7 @@ ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
 PROBE_FILE = "/sys/devices/system/cpu/online"  # served with a sysfs-style size of 4096
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
 PROBE_TIMEOUT = 5.0  # how long a probe waits for a FUSE mount to answer
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
 class MountError(RuntimeError):
@@ -50,6 +52,7 @@ class MountOptions:
     daemon: bool = False
     pid_file: str | None = None
     log_file: str | None = None
+    exit_when_unused: bool = False
 
 
 class MountUnresponsive(OSError):
@@ -219,6 +222,42 @@ def refuse_symlink(mp: str) -> None:
         raise MountError(f"{mp} is a symbolic link; give the directory itself")
 
 
+def hold_mount_lock(mp: str, timeout: float = 1.0) -> int:
+    """Take ``mp``'s mount lock for the life of this process (the descriptor is returned and
+    must stay open): one guestfs mount per mountpoint. Taken before the mountpoint is even
+    looked at, so a second mount neither stacks on a live one nor probes (and blocks on)
+    one whose daemon is stopped. Waits ``timeout`` for a holder that only probes it."""
+    fd = mountlock.acquire(mp, "mount", fcntl.LOCK_EX, timeout)
+    if fd is None:
+        owner = mountlock.read_owner(mp)
+        raise MountError(f"{mp} is already served by another guestfs mount"
+                         + (f" (pid {owner.split()[0]})" if owner else "")
+                         + "; one mount per mountpoint")
+    return fd
+
+
+def exit_when_unused(mp: str, interval: float = 0.25, grace: float = 2.0) -> list[int]:
+    """Stop serving once no `guestfs run` holds ``mp``'s users lock. The exclusive lock is
+    kept until exit (the returned list receives its descriptor), so a run arriving
+    meanwhile waits for this daemon to be gone and then starts its own, instead of reusing
+    a mount that is going away. The first check waits ``grace`` seconds, for libfuse to
+    have installed the SIGTERM handler that unmounts."""
+    held: list[int] = []
+    main = threading.main_thread().ident
+
+    def loop() -> None:
+        time.sleep(grace)
+        while (fd := mountlock.acquire(mp, "users", fcntl.LOCK_EX)) is None:
+            time.sleep(interval)
+        held.append(fd)
+        log.info("%s: no guestfs run uses this mount any more; stopping", mp)
+        # To the main thread: libfuse's handler ends the loop, serve() unmounts.
+        signal.pthread_kill(main, signal.SIGTERM)  # type: ignore[arg-type]
+
+    threading.Thread(target=loop, name="guestfs-users", daemon=True).start()
+    return held
+
+
 def wait_until(ready: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
     """Poll ``ready`` until it holds (True) or ``timeout`` seconds pass (False)."""
     deadline = time.monotonic() + timeout
@@ -281,18 +320,27 @@ def open_output_files(opts: MountOptions) -> tuple[OpenedFile | None, OpenedFile
 def serve(opts: MountOptions) -> int:
     mp = os.path.abspath(opts.mountpoint)
     binding = load_binding(opts.binding)
+    lock_fd = hold_mount_lock(mp)
     prepare_mountpoint(mp)
     pid_file, log_file = open_output_files(opts)
     if opts.daemon:
         _daemonize(opts, log_file)
+    mountlock.write_owner(lock_fd, f"{os.getpid()} {mp}\n")
+    # libfuse's loop ends only when its own (the main) thread takes SIGTERM/SIGINT; it
+    # blocks them in its workers, and every thread started here inherits this mask, so a
+    # signal sent to the process cannot land on one of ours (after a SIGSTOP/SIGCONT it
+    # did, and the daemon then never stopped). Unblocked in this thread just before FUSE.
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     host = pin_host_files(SERVED_FILES)
     server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
                                            opts.explicit, opts.cpu_rounding))
     if pid_file is not None:
         write_pid(pid_file, os.getpid())
-    # Before any thread starts: capabilities are dropped per thread.
+    # Before any thread starts: capabilities are dropped per thread, and a thread started
+    # earlier would keep every one of them.
     dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
                                          "fuse3" in binding.libfuse)
+    users_held = exit_when_unused(mp) if opts.exit_when_unused else []
     server.start_sampler()
     log.info("serving %s with %s (%s); view=%s%s cache_ttl=%gs host files from %s", mp,
              binding.name, binding.libfuse, opts.view,
@@ -309,6 +357,7 @@ def serve(opts: MountOptions) -> int:
     ops = make_operations(binding.module, server)
     threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
                      daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
     try:
         binding.module.FUSE(ops, dropped.target if dropped else mp, raw_fi=True, **kwargs)
     except RuntimeError as e:
@@ -329,6 +378,10 @@ def serve(opts: MountOptions) -> int:
         if stale_or_ours:
             with contextlib.suppress(OSError):
                 sysmount.umount(mp, detach=True)
+        # Unmounted: the locks' files can go (kept if a run still holds the users lock).
+        for fd in users_held:
+            mountlock.release_removing(fd, mp, "users")
+        mountlock.release_removing(lock_fd, mp, "mount")
     log.info("unmounted %s (%d reads fell back to host files, %d refused; %d open renderings "
              "kept)", mp, server.errors, sum(server.refusals.values()), len(ops.kept_renderings))
     return 0

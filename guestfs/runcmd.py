@@ -13,12 +13,12 @@ import sys
 import tempfile
 import threading
 
-from guestfs import sysmount
+from guestfs import supervise, sysmount
 from guestfs.apppriv import AppSetup, prepare_app
 from guestfs.hostroot import pread_all
 from guestfs.mountcmd import is_guestfs_mount, wait_mounted, wait_until
 from guestfs.oomadj import shield_wrapper
-from guestfs.selfexec import guestfs_argv, lifeline_fd
+from guestfs.selfexec import guestfs_argv
 from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
 
 log = logging.getLogger("guestfs.run")
@@ -32,14 +32,14 @@ class RunError(RuntimeError):
 
 
 def start_daemon(mp: str, mount_args: list[str]) -> subprocess.Popen[bytes]:
-    """``guestfs mount MP`` as a child that serves only while we live.
+    """``guestfs mount MP`` as a child that serves while any run uses it.
 
     Its own session: the terminal's SIGINT/SIGQUIT (Ctrl-C, sent to the whole foreground
     process group) and SIGHUP reach the app and us, never the daemon, which we stop once
-    the app has exited. It watches a pipe from us and unmounts when we die, even by kill -9.
-    """
-    argv = guestfs_argv(["mount", mp, *mount_args], exit_with_fd=lifeline_fd())
-    proc = subprocess.Popen(argv, pass_fds=(lifeline_fd(),), start_new_session=True)
+    the app has exited. With --exit-when-unused it stops itself once no run holds the
+    mount's users lock, so a run killed with -9 leaves nothing behind, while a daemon
+    another run still uses outlives the run that started it (docs/mount.md)."""
+    proc = subprocess.Popen(guestfs_argv(["mount", mp, *mount_args]), start_new_session=True)
     if not wait_mounted(mp, None, 20.0) or proc.poll() is not None:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
@@ -158,11 +158,13 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
     mp = os.path.abspath(mp)
     # Before the daemon: it inherits the shield.
     app = AppSetup(keep_caps, shield_wrapper(), None if host_clock else mp + "/proc/uptime")
-    daemon = None
-    if not is_guestfs_mount(mp):
-        daemon = start_daemon(mp, mount_args)
-    materialized = None
+    # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
+    mount_args = [*mount_args, "--exit-when-unused"]
+    users = supervise.join_users(mp)
+    daemon = supervisor = materialized = None
     try:
+        if not is_guestfs_mount(mp):
+            daemon = supervise.start_or_reuse(mp, lambda: start_daemon(mp, mount_args))
         binds = binds_for(mp, bind_pressure)
         wait_serving(mp + "/proc/meminfo")
         if not rereads_after_lseek(mp + "/proc/meminfo"):
@@ -173,6 +175,10 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         pid = os.fork()
         if pid == 0:
             _child(binds, cmd, app)
+        # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
+        supervisor = supervise.Supervisor(mp, lambda: start_daemon(mp, mount_args), pid,
+                                          None if materialized else binds, daemon)
+        supervisor.start()
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
         _, status = os.waitpid(pid, 0)
@@ -181,7 +187,9 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         rc = os.waitstatus_to_exitcode(status)
         return 128 - rc if rc < 0 else rc
     finally:
+        if supervisor is not None:
+            supervisor.stop()
+            daemon = supervisor.daemon  # the one it restarted, if it did
         if materialized is not None:
             materialized.close()
-        if daemon is not None:
-            stop_process(daemon)
+        supervise.leave_users(mp, users, daemon)

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,9 +61,9 @@ def status_caps(text: str, name: str) -> int:
 
 
 def test_the_self_exec_command_is_isolated_and_absolute():
-    argv = guestfs_argv(["mount", "/x"], exit_with_fd=5)
+    argv = guestfs_argv(["mount", "/x"])
     assert os.path.isabs(argv[0]) and argv[1] == "-I" and argv[2] == BOOT
-    assert os.path.isabs(BOOT) and argv[3:] == ["--exit-with-fd", "5", "mount", "/x"]
+    assert os.path.isabs(BOOT) and argv[3:] == ["mount", "/x"]
 
 
 def test_self_exec_ignores_a_package_planted_in_cwd_and_pythonpath(tmp_path):
@@ -176,29 +174,3 @@ def test_without_cap_setpcap_run_refuses_to_start_the_app_with_cap_sys_admin(mp,
     assert len(errors) == 1 and "CAP_SETPCAP" in errors[0] and "--keep-caps" in errors[0]
     assert "Traceback" not in out.stderr
     assert not marker.exists()
-
-
-@pytest.mark.parametrize("fd", [[], ["x"], ["-1"]])
-def test_a_bad_exit_with_fd_is_one_line_not_a_traceback(fd):
-    out = subprocess.run([sys.executable, "-I", BOOT, "--exit-with-fd", *fd, "--version"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2
-    assert out.stderr.count("\n") == 1 and "--exit-with-fd" in out.stderr
-
-
-def test_the_child_stops_itself_when_the_parent_end_of_its_pipe_closes():
-    """The daemon's parent watch, without FUSE: SIGTERM once the pipe's write end is gone."""
-    watcher = ("import sys, time; from guestfs._boot import _exit_with; "
-               "_exit_with(int(sys.argv[1])); time.sleep(600)")
-    r, w = os.pipe()
-    child = subprocess.Popen([sys.executable, "-I", "-c", watcher, str(r)], pass_fds=(r,))
-    os.close(r)
-    try:
-        time.sleep(0.5)
-        assert child.poll() is None  # alive while we hold the write end
-        os.close(w)
-        assert child.wait(30) == -signal.SIGTERM
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
