@@ -58,6 +58,7 @@ os.execvp("sh", ["sh", "-c", sys.argv[1]])
 POD_SCRIPT = r"""
 set -u
 mount --bind "$D/fuse" /dev/fuse
+mount -t tmpfs -o mode=755 tmpfs /run    # the pod's own /run (guestfs keeps its locks there)
 unshare --mount --propagation private sh -c 'echo $$ > "$D/app"; exec sleep 600' &
 while [ ! -s "$D/app" ]; do sleep 0.05; done
 app=$(cat "$D/app")
