@@ -9,11 +9,15 @@ import ctypes.util
 import errno
 import os
 
+CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_LOWER = 3
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -30,7 +34,7 @@ class _Data(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
-def _prctl(what: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
+def prctl(what: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
     rc = _libc.prctl(option, arg2, arg3, 0, 0)
     if rc < 0:
         e = ctypes.get_errno()
@@ -48,7 +52,7 @@ def _capget() -> tuple[_Header, ctypes.Array[_Data]]:
 
 
 def in_bounding_set(cap: int) -> bool:
-    return _prctl("PR_CAPBSET_READ", PR_CAPBSET_READ, cap) == 1
+    return prctl("PR_CAPBSET_READ", PR_CAPBSET_READ, cap) == 1
 
 
 def drop_capability(cap: int) -> None:
@@ -58,7 +62,7 @@ def drop_capability(cap: int) -> None:
     capability would come back at the next exec (setuid-root and file capabilities too)."""
     if in_bounding_set(cap):
         try:
-            _prctl("PR_CAPBSET_DROP", PR_CAPBSET_DROP, cap)
+            prctl("PR_CAPBSET_DROP", PR_CAPBSET_DROP, cap)
         except OSError as e:
             if e.errno == errno.EPERM:
                 raise OSError(e.errno, "removing it from the bounding set needs CAP_SETPCAP, "
@@ -75,7 +79,21 @@ def drop_capability(cap: int) -> None:
         raise OSError(e, f"capset: {os.strerror(e)}")
     try:
         # Already gone with the inheritable bit; said explicitly for kernels that differ.
-        _prctl("PR_CAP_AMBIENT_LOWER", PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)
+        prctl("PR_CAP_AMBIENT_LOWER", PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)
     except OSError as e:
         if e.errno != errno.EINVAL:  # a kernel without ambient capabilities (< 4.3)
             raise
+
+
+def set_caps(caps: frozenset[int]) -> None:
+    """Make ``caps`` this thread's effective and permitted sets, and the inheritable set
+    empty (capset can only lower what is not held)."""
+    header = _Header(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_Data * 2)()
+    for cap in caps:
+        word, bit = divmod(cap, 32)
+        data[word].effective |= 1 << bit
+        data[word].permitted |= 1 << bit
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"capset: {os.strerror(e)}")

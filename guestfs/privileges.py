@@ -31,42 +31,28 @@ import threading
 from dataclasses import dataclass
 
 from guestfs import sysmount
+from guestfs.caps import (
+    CAP_SYS_PTRACE,
+    PR_CAP_AMBIENT,
+    PR_CAP_AMBIENT_CLEAR_ALL,
+    PR_CAPBSET_DROP,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_SECUREBITS,
+    prctl,
+    set_caps,
+)
 
 log = logging.getLogger("guestfs.privileges")
 
-CAP_SYS_PTRACE = 19
 KEPT_CAPS = frozenset({CAP_SYS_PTRACE})
-PR_CAPBSET_DROP = 24
-PR_SET_SECUREBITS = 28
-PR_SET_NO_NEW_PRIVS = 38
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_CLEAR_ALL = 4
 # NOROOT: a program the daemon executes (its size probe) gets no capabilities for being
 # uid 0; NO_SETUID_FIXUP and KEEP_CAPS locked so nothing can change that later.
 SECUREBITS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 5)
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 MS_NOSUID, MS_NODEV = 2, 4
 UMOUNT_NOFOLLOW = 8
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                        ctypes.c_ulong]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
-
-
-def _prctl(option: int, arg: int = 0, arg3: int = 0) -> None:
-    if _libc.prctl(option, arg, arg3, 0, 0) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"prctl({option}, {arg}): {os.strerror(e)}")
 
 
 def _last_cap() -> int:
@@ -77,18 +63,6 @@ def _last_cap() -> int:
         return 40
 
 
-def _capset(caps: frozenset[int]) -> None:
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    for cap in caps:
-        word, bit = divmod(cap, 32)
-        data[word].effective |= 1 << bit
-        data[word].permitted |= 1 << bit
-    if _libc.capset(ctypes.byref(header), data) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"capset: {os.strerror(e)}")
-
-
 def drop_privileges(keep: frozenset[int] = KEPT_CAPS) -> None:
     """Keep only ``keep`` (effective and permitted; bounding set too), clear the ambient
     and inheritable sets, and set NoNewPrivs. Call it while single-threaded."""
@@ -97,15 +71,15 @@ def drop_privileges(keep: frozenset[int] = KEPT_CAPS) -> None:
         # Only the calling thread would lose its capabilities.
         raise OSError(f"drop_privileges: {threads} threads, not 1")
     with contextlib.suppress(OSError):  # without CAP_SETPCAP (a user namespace may lack it)
-        _prctl(PR_SET_SECUREBITS, SECUREBITS)
+        prctl("PR_SET_SECUREBITS", PR_SET_SECUREBITS, SECUREBITS)
     for cap in range(_last_cap() + 1):
         if cap not in keep:
             with contextlib.suppress(OSError):
-                _prctl(PR_CAPBSET_DROP, cap)
+                prctl("PR_CAPBSET_DROP", PR_CAPBSET_DROP, cap)
     with contextlib.suppress(OSError):  # kernels before 4.3 have no ambient set
-        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    _capset(keep)
-    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        prctl("PR_CAP_AMBIENT", PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    set_caps(keep)
+    prctl("PR_SET_NO_NEW_PRIVS", PR_SET_NO_NEW_PRIVS, 1)
 
 
 @dataclass(frozen=True)

@@ -42,25 +42,54 @@ def read_boottime_offset(host: HostRoot, pid: int) -> float:
         return 0.0
 
 
-def enter_container_boottime(age: float, boottime_now: float) -> None:
-    """Make the children and the next exec of this process see CLOCK_BOOTTIME = ``age``
-    now (``boottime_now``: this namespace's CLOCK_BOOTTIME, read at the same moment).
-    Raises OSError where time namespaces are missing or refused (kernel < 5.6, no
-    CAP_SYS_ADMIN, a seccomp filter)."""
-    offset = age - boottime_now          # negative: the container booted after the host
-    if offset > 0:
-        offset = 0.0                     # an age past the host's uptime is no age
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWTIME) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare(CLONE_NEWTIME): {os.strerror(err)}")
+def _setns_time(libc: ctypes.CDLL, path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWTIME) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _offsets(offset: float) -> str:
     sec = int(offset // 1)
     nsec = int(round((offset - sec) * 1e9))
     if nsec >= 1_000_000_000:
         sec, nsec = sec + 1, 0
-    # Written before any process enters the namespace, as the kernel requires.
-    fd = os.open("/proc/self/timens_offsets", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return f"boottime {sec} {nsec}\n"
+
+
+def enter_container_boottime(age: float, boottime_now: float) -> None:
+    """Put this (single-threaded) process in a new time namespace whose CLOCK_BOOTTIME is
+    ``age`` now (``boottime_now``: the current namespace's CLOCK_BOOTTIME, read at the same
+    moment); what it execs and forks stays there. Raises OSError where time namespaces are
+    missing or refused (kernel < 5.6, no CAP_SYS_ADMIN, a seccomp filter), leaving the
+    process as it was."""
+    offset = min(0.0, age - boottime_now)   # negative: the container booted after the host
+    libc = ctypes.CDLL(None, use_errno=True)
+    original = os.open("/proc/self/ns/time", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        os.write(fd, f"boottime {sec} {nsec}\n".encode())
+        if libc.unshare(CLONE_NEWTIME) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_NEWTIME): {os.strerror(err)}")
+        try:
+            # Written before any process enters the namespace, as the kernel requires.
+            fd = os.open("/proc/self/timens_offsets",
+                         os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, _offsets(offset).encode())
+            finally:
+                os.close(fd)
+            # Entered now, not at exec: kernels before 6.x do not switch at exec, and a
+            # process whose own time namespace is not the one its children get cannot
+            # vfork (EINVAL; dash then says "Cannot fork" for every command).
+            _setns_time(libc, "/proc/self/ns/time_for_children")
+        except OSError:
+            # Back to the old namespace for ourselves and our children alike.
+            if libc.setns(original, CLONE_NEWTIME) != 0:
+                raise OSError(ctypes.get_errno(), "cannot return to the host's time "
+                                                  "namespace after a failed switch") from None
+            raise
     finally:
-        os.close(fd)
+        os.close(original)
