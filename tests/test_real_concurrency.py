@@ -1,4 +1,4 @@
-"""8 readers x 2,000 reads of every served file while cgroups are created, filled,
+"""16 readers x 6,250 reads (10^5) of every served file while cgroups are created, filled,
 re-limited and removed under them: no read error, no malformed file, no daemon exit."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.fusemount import mounted
 from tests.realcg import _v1_dir, require_v1_root
 
 pytestmark = pytest.mark.real
-READERS, READS = 8, 2000
+READERS, READS = 16, 6250   # 10^5 reads
 
 READER = textwrap.dedent("""\
     import sys
