@@ -78,6 +78,8 @@ def htop() -> dict[str, object]:
     sock = f"guestfs-probe-{os.getpid()}"
     home = tempfile.mkdtemp(prefix="guestfs-htop-")
     env = f"HOME={home} XDG_CONFIG_HOME={home} TERM=xterm"
+    # tmux's socket directory, where /tmp may be missing or read-only (the test VM).
+    os.environ["TMUX_TMPDIR"] = home
     try:
         sh(f"tmux -L {sock} new-session -d -x 200 -y 50 '{env} htop -d 10'")
         time.sleep(2)

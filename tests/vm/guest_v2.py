@@ -278,3 +278,33 @@ def test_busy_loop_reads_its_share_under_run_beside_lxcfs():
     assert 25 <= busy <= 75 and 25 <= idle <= 75, out
     assert 25 <= top_idle <= 75, out
     assert abs(busy - 50) <= abs(lx_busy - 50) + 15, (out, lx)
+
+
+def test_fresh_idle_container_in_every_client_under_run():
+    """The real clients of tests/test_real_clients.py on cgroup v2: a fresh, idle 512 MiB
+    / 2-CPU container reads idle, its own age, a load near 0, 512 MiB and 2 CPUs in each.
+    Not htop nor node_exporter here: the guest has no pseudo-terminals for tmux and no
+    loopback network to scrape; they run on v1 (tests/test_real_clients.py)."""
+    clients = ["vmstat", "top", "mpstat", "uptime", "node", "psutil", "proc"]
+    files = {"guestfs-clients.slice": {"cpu.max": "200000 100000", "memory.max": "536870912"}}
+    probe = os.path.join(os.path.dirname(os.path.dirname(__file__)), "client_probe.py")
+    with cgroup_tree("guestfs-clients.slice", files) as d:
+        out = run_in(d, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                     "/run/gfs-clients", "--", sys.executable, probe, *clients,
+                     env={"GUESTFS_PROBE_USAGE": f"{d}/cpu.stat", "GUESTFS_PROBE_CPUS": "2"})
+    r = json.loads(out.strip().splitlines()[-1])
+    errors = {k: v["error"] for k, v in r.items() if "error" in v}
+    assert not errors, errors
+    idle = {"vmstat": r["vmstat"]["idle"], "top": r["top"]["idle"],
+            "mpstat": r["mpstat"]["idle"], "node": r["node"]["idle"],
+            "psutil": 100 - r["psutil"]["busy"]}
+    loads = {k: r[k]["load1"] for k in ("proc", "uptime", "top", "node")}
+    record("clients_fresh_idle_under_run", idle=idle, load1=loads,
+           uptime=r["proc"]["uptime"], errors=errors)
+    assert not errors, errors
+    assert all(v >= 70 for v in idle.values()), idle   # TCG: the guest's own work is slow
+    assert all(v < 0.6 for v in loads.values()), loads
+    assert 0 <= r["proc"]["uptime"] < 120 and 0 <= r["node"]["uptime"] < 120
+    assert r["node"]["totalmem"] == 512 << 20 and r["psutil"]["total"] == 512 << 20
+    assert r["top"]["mem_total_mib"] == 512
+    assert {r["node"]["cpus"], r["psutil"]["count"]} == {2}
