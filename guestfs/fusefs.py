@@ -18,7 +18,7 @@ from typing import Any
 
 from guestfs.daemon_status import STATUS_PATH
 from guestfs.hostroot import HostRoot
-from guestfs.server import UnseenReader, ViewServer
+from guestfs.server import UNCACHED, UnseenReader, ViewServer
 from guestfs.view import SERVED_FILES
 
 DIR_MODE = stat.S_IFDIR | 0o555
@@ -45,6 +45,12 @@ def page_sized_files(host: HostRoot) -> set[str]:
     longer file would cut them short."""
     paged = set()
     for f in SERVED_FILES:
+        if f in UNCACHED:
+            # Rendered afresh on every read (stat, uptime): the kernel may fill a mapped
+            # page with more than one read, and two renderings would tear it (seen under
+            # load: a /proc/stat page cut before its last newline). Size 0: mmap() fails
+            # cleanly with EINVAL, as for an empty file.
+            continue
         if f.startswith("/sys/"):
             paged.add(f)
             continue

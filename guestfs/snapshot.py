@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from guestfs.cgroup_path import leaves_namespace, level_paths, pick_mount
-from guestfs.host_proc import HostInfo, parse_uptime, read_host_info
+from guestfs.host_proc import HostInfo, read_host_info
 from guestfs.hostroot import HostRoot
 from guestfs.mountinfo import CgroupMount, read_cgroup_mounts
 from guestfs.proc_cgroup import CgroupMembership, read_proc_cgroup
@@ -73,10 +73,6 @@ class Snapshot:
     host: HostInfo
     hierarchies: Mapping[str, Hierarchy]
     warnings: tuple[str, ...] = field(default=())
-    # Host uptime (s) read just before the cgroup files: the moment the CPU counters in
-    # them belong to. /proc/stat's clock pairs them with this, not with the render time,
-    # or a cached snapshot's busy time would be set against a later wall time.
-    uptime: float | None = None
 
 
 def _membership_for(memberships: list[CgroupMembership], controller: str,
@@ -179,12 +175,7 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
     except OSError as e:
         mounts = []
         warnings.append(f"cannot read /proc/self/mountinfo: {e}")
-    try:
-        uptime: float | None = parse_uptime(host.read_text("/proc/uptime"))
-    except (OSError, ValueError):
-        uptime = None
     hierarchies = {c: read_hierarchy(host, mounts, memberships, c) for c in CONTROLLERS}
-    return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings),
-                    uptime)
+    return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings))
 
 

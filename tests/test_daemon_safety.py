@@ -272,11 +272,12 @@ MMAP_EVERY_FILE = """
             continue
         assert addr not in (None, FAILED), (path, os.strerror(ctypes.get_errno()))
         mapped = ctypes.string_at(addr, size)  # touches every page: SIGBUS would kill us
-        # This open's rendering, then zeros (counters may have moved since the read).
+        # A rendering, then zeros; not always this open's whole one: FUSE sets the cached
+        # file size to where any reader's last short read ended, so a page filled later
+        # may be cut short (docs/mount.md). Never SIGBUS, never garbage.
         text = mapped.rstrip(b"\\0")
-        assert b"\\0" not in text and text.endswith(b"\\n"), (path, mapped[:200])
+        assert b"\\0" not in text, (path, mapped[:200])
         assert text.split()[0] == content.split()[0], (path, mapped[:80])
-        assert text.count(b"\\n") == content.count(b"\\n"), (path, mapped[:200])
         print(path, size, "ok", flush=True)
 """
 
@@ -296,9 +297,12 @@ def test_mmap_of_every_served_file_never_dies_of_sigbus(tmp_path):
     assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
     results = [ln.split() for ln in out.stdout.splitlines()]
     assert len(results) == len(files)
-    # On this kernel every /proc file fits in a page: the common case maps for real.
-    assert {r[0][len(mp):] for r in results if r[2] == "ok"} >= {
-        "/proc/meminfo", "/proc/uptime", "/proc/loadavg", "/sys/devices/system/cpu/online"}
+    # On this kernel every /proc file fits in a page: the common case maps for real; the
+    # files rendered afresh on every read (stat, uptime) refuse mmap() (fusefs.py says why).
+    got = {r[0][len(mp):]: r[2] for r in results}
+    assert {f for f, how in got.items() if how == "ok"} >= {
+        "/proc/meminfo", "/proc/loadavg", "/sys/devices/system/cpu/online"}
+    assert got["/proc/stat"] == got["/proc/uptime"] == "EINVAL"
 
 
 def test_reader_ids_read_the_start_time_once_per_process_and_again_after_it_exits():
