@@ -7,8 +7,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +45,19 @@ def force_unmount(mp: str) -> None:
             return
         with contextlib.suppress(OSError):
             sysmount.umount(mp, detach=True)
+
+
+@contextlib.contextmanager
+def private_mountpoint() -> Iterator[Path]:
+    """A mount point of our own under /tmp (mktemp): pytest's shared tmp_path may be renamed
+    under us by other test sessions cleaning up, and a mount there could not be found.
+    Whatever is mounted there is detached at the end."""
+    d = Path(tempfile.mkdtemp(prefix="guestfs-run-test-"))
+    try:
+        yield d / "mnt"
+    finally:
+        force_unmount(str(d / "mnt"))
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import psutil
 import pytest
 
 from guestfs.mountcmd import is_guestfs_mount
-from tests.fusemount import force_unmount, require_fuse, wait_for
+from tests.fusemount import force_unmount, private_mountpoint, require_fuse, wait_for
 from tests.realcg import v1_cgroup
 from tests.test_real_run import in_cgroup
 
@@ -27,14 +25,8 @@ GUESTFS = str(Path(sys.executable).parent / "guestfs")
 
 @pytest.fixture
 def mp() -> Iterator[Path]:
-    """A mount point of our own under /tmp (mktemp): pytest's shared tmp_path may be renamed
-    under us by other test sessions cleaning up, and a mount there could not be found."""
-    d = Path(tempfile.mkdtemp(prefix="guestfs-run-test-"))
-    try:
-        yield d / "mnt"
-    finally:
-        force_unmount(str(d / "mnt"))
-        shutil.rmtree(d, ignore_errors=True)
+    with private_mountpoint() as path:
+        yield path
 MiB = 1 << 20
 
 

@@ -4,31 +4,23 @@ or replace the binds, and readers that are not root."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from guestfs.selfexec import BOOT, guestfs_argv
-from tests.fusemount import force_unmount, require_fuse
+from tests.fusemount import force_unmount, private_mountpoint, require_fuse
 
 GUESTFS = str(Path(sys.executable).parent / "guestfs")  # the installed console script
 
 
 @pytest.fixture
 def mp() -> Iterator[Path]:
-    """A mount point of our own under /tmp (mktemp): pytest's shared tmp_path may be renamed
-    under us by other test sessions cleaning up, and a mount there could not be found."""
-    d = Path(tempfile.mkdtemp(prefix="guestfs-run-test-"))
-    try:
-        yield d / "mnt"
-    finally:
-        force_unmount(str(d / "mnt"))
-        shutil.rmtree(d, ignore_errors=True)
+    with private_mountpoint() as path:
+        yield path
 CAP_SYS_ADMIN = 21
 LIMIT = ["--memory-limit", "256Mi"]  # a MemTotal the host does not have: 262144 kB
 SERVED_MEMTOTAL = "MemTotal:         262144 kB"
