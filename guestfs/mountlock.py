@@ -12,7 +12,7 @@ stale state is ever left to clean up.
   with ``--exit-when-unused`` stops once it can take it exclusively: no run is left.
 
 The directory and files are created and opened without following symlinks, and the
-directory must be a real directory owned by us with no access for anyone else: a file
+directory must be a real directory owned by us that no one else can write to: a file
 planted there by another user could otherwise be made to lock (or, with O_CREAT, create)
 something else.
 """
@@ -55,11 +55,13 @@ def _open_dir(lock_dir: str) -> int:
                         + (" (a symlink?)" if e.errno in (errno.ELOOP, errno.ENOTDIR) else "")
                         ) from None
     st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    # Ours and writable by no one else: nobody can plant a file or a symlink in it. (Read
+    # access is harmless; a kubelet hostPath made with DirectoryOrCreate is 0755.)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         os.close(fd)
         raise LockError(f"lock directory {lock_dir}: owned by uid {st.st_uid} "
                                      f"with mode {stat.filemode(st.st_mode)}; it must be ours "
-                                     "and closed to everyone else (0700)")
+                                     "and writable by no one else (0700 or 0755)")
     return fd
 
 

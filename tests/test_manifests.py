@@ -90,3 +90,15 @@ def test_sidecar_needs_no_privileged_mode_nor_bidirectional_propagation():
             assert vm.get("mountPropagation", "None") == "None", (c["name"], vm)
     for app in spec["containers"]:   # the app images and specs stay untouched
         assert "securityContext" not in app and "volumeMounts" not in app
+
+
+def test_daemonset_shares_the_nodes_mount_lock_directory():
+    """Two pods of a rolling update on one node must see one lock, or both would mount."""
+    from guestfs.mountlock import LOCK_DIR
+
+    spec = pod_spec("daemonset", "daemonset.yaml")
+    (daemon,) = spec["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
+    volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
+    assert any(path == LOCK_DIR and volumes.get(name) == LOCK_DIR
+               for name, path in mounts.items())

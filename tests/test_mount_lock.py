@@ -62,11 +62,20 @@ def test_a_symlink_in_place_of_the_lock_directory_is_refused(tmp_path, lock_dir)
     assert list(target.iterdir()) == []
 
 
-def test_a_lock_directory_open_to_others_is_refused(tmp_path, lock_dir):
+@pytest.mark.parametrize("mode", [0o1777, 0o775, 0o757])
+def test_a_lock_directory_others_can_write_is_refused(tmp_path, lock_dir, mode):
     lock_dir.mkdir()
-    lock_dir.chmod(0o1777)
-    with pytest.raises(mountlock.LockError, match="0700"):
+    lock_dir.chmod(mode)
+    with pytest.raises(mountlock.LockError, match="writable by no one else"):
         mountlock.open_lock(str(tmp_path / "m"), "users")
+
+
+def test_a_lock_directory_others_can_only_read_is_used(tmp_path, lock_dir):
+    """A DaemonSet shares the node's lock directory through a hostPath, which kubelet
+    creates 0755: nobody else can plant anything there."""
+    lock_dir.mkdir()
+    lock_dir.chmod(0o755)
+    os.close(mountlock.open_lock(str(tmp_path / "m"), "users"))
 
 
 def test_a_symlink_planted_as_the_lock_file_is_not_followed(tmp_path, lock_dir):
