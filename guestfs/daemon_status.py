@@ -6,8 +6,7 @@ daemon degrading?"."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from typing import Any
 
 STATUS_PATH = "/.guestfs-status"
@@ -15,26 +14,23 @@ STATUS_PATH = "/.guestfs-status"
 
 def read_status(mountpoint: str, timeout: float = 5.0) -> dict[str, Any]:
     """The status of the daemon serving ``mountpoint``. Read by a child process with a
-    timeout: a stopped daemon blocks every reader of its mount, and explain must not hang
-    with it. Raises OSError with a one-line reason."""
-    reader = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
+    timeout (mountcmd.probe_mount): a stopped daemon blocks every reader of its mount, and
+    explain must not hang with it. Raises OSError with a one-line reason."""
+    # Here, not at the top: explain must not load the daemon's modules unless asked.
+    from guestfs.mountcmd import probe_mount
+
     path = mountpoint.rstrip("/") + STATUS_PATH
+    err, data = probe_mount(mountpoint.rstrip("/") or "/", STATUS_PATH, timeout, 1 << 20)
+    if err:
+        raise OSError(err, f"{path}: {os.strerror(err)} (not a guestfs mount, or an older "
+                           "daemon)")
     try:
-        out = subprocess.run([sys.executable, "-I", "-S", "-c", reader, path],
-                             capture_output=True, timeout=timeout, close_fds=True, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise OSError(f"{path}: no answer within {timeout:g}s (daemon stopped?)") from e
-    if out.returncode != 0:
-        last = out.stderr.decode(errors="replace").strip().splitlines()
-        raise OSError(f"{path}: {last[-1] if last else 'unreadable'} "
-                      "(not a guestfs mount, or an older daemon)")
-    try:
-        data = json.loads(out.stdout)
+        status = json.loads(data)
     except ValueError as e:
         raise OSError(f"{path}: not JSON: {e}") from e
-    if not isinstance(data, dict):
+    if not isinstance(status, dict):
         raise OSError(f"{path}: not a JSON object")
-    return data
+    return status
 
 
 def format_status(mountpoint: str, status: dict[str, Any]) -> str:

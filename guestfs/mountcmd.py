@@ -84,16 +84,16 @@ def mount_entry(path: str) -> MountEntry | None:
     return found[-1] if found else None
 
 
-# Run by a child: list the mount point, then read up to 4 KiB of one file under it; print
-# the errno of the first failure (0 for none) on the first line, the data after it.
+# Run by a child: list the mount point, then read up to LIMIT bytes of one file under it;
+# print the errno of the first failure (0 for none) on the first line, the data after it.
 _PROBE = """import os, sys
-mp, name = sys.argv[1], sys.argv[2]
+mp, name, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
 try:
     os.listdir(mp)
     data = b""
     if name:
         with open(mp + name, "rb") as f:
-            data = f.read(4096)
+            data = f.read(limit)
 except OSError as e:
     sys.stdout.write(str(e.errno or 0) + "\\n")
 else:
@@ -101,14 +101,16 @@ else:
 """
 
 
-def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT) -> tuple[int, bytes]:
-    """List ``mp`` (and read ``mp + name``) from a child process: (errno or 0, data).
+def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
+                limit: int = 4096) -> tuple[int, bytes]:
+    """List ``mp`` (and read up to ``limit`` bytes of ``mp + name``) from a child process:
+    (errno or 0, data).
 
     Never from this process: a FUSE request to a stopped daemon waits forever, and only a
     fatal signal ends it, so the child is killed after ``timeout`` and MountUnresponsive
     raised. Our own interpreter by absolute path, isolated (-I -S): nothing is imported
     from the working directory."""
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE, mp, name],
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE, mp, name, str(limit)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, close_fds=True)
     try:
@@ -158,26 +160,23 @@ def _serves(mp: str) -> bool:
     return err == 0 and bool(data)
 
 
-def _read_from_child(path: str, timeout: float = 10.0) -> bytes | None:
-    """``path`` read by a child process. The daemon reads its own mount only this way: a
-    thread of the serving process blocked in a FUSE request to that same process makes it
-    unkillable (kill -9 then leaves a process that never exits and a wedged mount)."""
-    # Our own interpreter by absolute path, isolated (-I: no cwd or user site on sys.path),
-    # never a `cat` looked up in a PATH that may hold the working directory.
-    reader = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
+def _read_own(mp: str, name: str) -> bytes | None:
+    """``mp + name`` read by a child process (probe_mount). The daemon reads its own mount
+    only this way: a thread of the serving process blocked in a FUSE request to that same
+    process makes it unkillable (kill -9 then leaves a process that never exits and a
+    wedged mount)."""
     try:
-        out = subprocess.run([sys.executable, "-I", "-S", "-c", reader, path],
-                             capture_output=True, timeout=timeout, close_fds=True, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        err, data = probe_mount(mp, name, timeout=10.0)
+    except MountUnresponsive:
         return None
-    return out.stdout if out.returncode == 0 else None
+    return data if err == 0 else None
 
 
 def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
     """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
     procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
     switch the operations to reporting real sizes."""
-    if not wait_until(lambda: bool(_read_from_child(f"{mp}{PROBE_FILE}")), timeout, 0.05):
+    if not wait_until(lambda: bool(_read_own(mp, PROBE_FILE)), timeout, 0.05):
         log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
         return
     probe = ops.size_probe  # type: ignore[attr-defined]
@@ -185,7 +184,7 @@ def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
         log.info("every served file reports one page, which its content fits in: no size "
                  "probe needed")
         return
-    data = _read_from_child(f"{mp}{probe}")
+    data = _read_own(mp, probe)
     if data is None:
         log.warning("size probe failed: %s%s could not be read", mp, probe)
         return

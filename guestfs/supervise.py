@@ -30,45 +30,9 @@ from guestfs.mountinfo import unescape
 
 log = logging.getLogger("guestfs.run")
 
-# Same numbers on every architecture (syscalls numbered after 403 are unified).
-SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
-OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
-MOVE_MOUNT_F_EMPTY_PATH = 0x4
-MOVE_MOUNT_BENEATH = 0x200
-AT_FDCWD = -100
-AT_SYMLINK_NOFOLLOW = 0x100
-UMOUNT_NOFOLLOW = 0x8
-MNT_DETACH = 2
 USERS_TIMEOUT = 15.0  # how long a new run waits for a daemon that is stopping to be gone
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
-def _syscall(what: str, *args: object) -> int:
-    rc = _libc.syscall(*args)
-    if rc < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"{what}: {os.strerror(e)}")
-    return int(rc)
-
-
-def open_tree_clone(path: str) -> int:
-    """A detached copy of the mount at ``path`` (a file bind works too), as a descriptor
-    that can be moved into another mount namespace. Symlinks are not followed."""
-    return _syscall(f"open_tree {path}", ctypes.c_long(SYS_OPEN_TREE), ctypes.c_int(AT_FDCWD),
-                    ctypes.c_char_p(os.fsencode(path)),
-                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW))
-
-
-def move_mount_to(tree_fd: int, target: str, beneath: bool = False) -> None:
-    """Attach the detached tree ``tree_fd`` at ``target`` (a symlink there is not
-    followed: move_mount follows one only with MOVE_MOUNT_T_SYMLINKS); with ``beneath``,
-    under the mount on top there (Linux 6.5+)."""
-    flags = MOVE_MOUNT_F_EMPTY_PATH | (MOVE_MOUNT_BENEATH if beneath else 0)
-    _syscall(f"move_mount onto {target}", ctypes.c_long(SYS_MOVE_MOUNT), ctypes.c_int(tree_fd),
-             ctypes.c_char_p(b""), ctypes.c_int(AT_FDCWD), ctypes.c_char_p(os.fsencode(target)),
-             ctypes.c_uint(flags))
 
 
 def _dead_connection(path: str) -> bool:
@@ -89,12 +53,6 @@ def _dead_connection(path: str) -> bool:
     return False
 
 
-def _umount_nofollow(path: str) -> None:
-    if _libc.umount2(os.fsencode(path), ctypes.c_int(MNT_DETACH | UMOUNT_NOFOLLOW)) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"umount {path}: {os.strerror(e)}")
-
-
 def replace_mount(tree_fd: int, target: str) -> None:
     """In the current namespace: put ``tree_fd`` at ``target`` in place of the dead mount
     there, with no moment in between where a reader would get the kernel's own file (the
@@ -103,21 +61,21 @@ def replace_mount(tree_fd: int, target: str) -> None:
     namespace, which cannot be unmounted) the new mount covers the dead one instead."""
     if _dead_connection(target):
         try:
-            move_mount_to(tree_fd, target, beneath=True)
+            sysmount.move_mount_path(tree_fd, target, beneath=True)
         except OSError:
             pass
         else:
             with contextlib.suppress(OSError):
-                _umount_nofollow(target)
+                sysmount.umount_nofollow(target)
             return
-    move_mount_to(tree_fd, target)
+    sysmount.move_mount_path(tree_fd, target)
 
 
 def rebind_in(pid: int, pairs: list[tuple[str, str]]) -> None:
     """For each (source here, target in ``pid``'s mount namespace): replace the target with
     a clone of the source. The namespace is joined by a forked child: a process with
     threads cannot setns into a mount namespace."""
-    fds = [open_tree_clone(src) for src, _ in pairs]
+    fds = [sysmount.open_tree_clone_path(src) for src, _ in pairs]
     try:
         r, w = os.pipe()
         child = os.fork()

@@ -20,9 +20,13 @@ CLONE_NEWNS = 0x00020000
 SYS_OPEN_TREE = 428
 SYS_MOVE_MOUNT = 429
 OPEN_TREE_CLONE = 1
+AT_FDCWD = -100
+AT_SYMLINK_NOFOLLOW = 0x100
 AT_EMPTY_PATH = 0x1000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOVE_MOUNT_T_EMPTY_PATH = 0x40
+MOVE_MOUNT_BENEATH = 0x200
+UMOUNT_NOFOLLOW = 0x8
 PROC_SUPER_MAGIC = 0x9FA0
 SYSFS_MAGIC = 0x62656572
 FUSE_SUPER_MAGIC = 0x65735546
@@ -114,23 +118,53 @@ def bind_fd(source_fd: int, target_fd: int) -> None:
            f"bind fd {source_fd} over fd {target_fd}")
 
 
+def _syscall(what: str, number: int, *args: object) -> int:
+    rc = _libc.syscall(ctypes.c_long(number), *args)
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+    return int(rc)
+
+
+def _open_tree(what: str, dirfd: int, path: bytes, flags: int) -> int:
+    return _syscall(what, SYS_OPEN_TREE, ctypes.c_int(dirfd), ctypes.c_char_p(path),
+                    ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC | flags))
+
+
+def _move_mount(what: str, tree_fd: int, to_dirfd: int, to_path: bytes, flags: int) -> None:
+    _syscall(what, SYS_MOVE_MOUNT, ctypes.c_int(tree_fd), ctypes.c_char_p(b""),
+             ctypes.c_int(to_dirfd), ctypes.c_char_p(to_path),
+             ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | flags))
+
+
 def open_tree_clone(fd: int) -> int:
     """A detached copy of the mount at ``fd`` (OPEN_TREE_CLONE): a mount that belongs to
     no namespace until move_mount() attaches it, so it can be carried across setns()."""
-    rc = _libc.syscall(SYS_OPEN_TREE, fd, b"", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH)
-    if rc < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"open_tree: {os.strerror(e)}")
-    return int(rc)
+    return _open_tree("open_tree", fd, b"", AT_EMPTY_PATH)
+
+
+def open_tree_clone_path(path: str) -> int:
+    """open_tree_clone of the mount at ``path`` (a file bind works too); a symlink there
+    is not followed."""
+    return _open_tree(f"open_tree {path}", AT_FDCWD, os.fsencode(path), AT_SYMLINK_NOFOLLOW)
 
 
 def move_mount_fd(tree_fd: int, target_fd: int) -> None:
     """Attach the detached mount ``tree_fd`` over the file behind ``target_fd``."""
-    rc = _libc.syscall(SYS_MOVE_MOUNT, tree_fd, b"", target_fd, b"",
-                       MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
-    if rc < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"move_mount: {os.strerror(e)}")
+    _move_mount("move_mount", tree_fd, target_fd, b"", MOVE_MOUNT_T_EMPTY_PATH)
+
+
+def move_mount_path(tree_fd: int, target: str, beneath: bool = False) -> None:
+    """Attach the detached tree ``tree_fd`` at ``target`` (a symlink there is not
+    followed: move_mount follows one only with MOVE_MOUNT_T_SYMLINKS); with ``beneath``,
+    under the mount on top there (Linux 6.5+)."""
+    _move_mount(f"move_mount onto {target}", tree_fd, AT_FDCWD, os.fsencode(target),
+                MOVE_MOUNT_BENEATH if beneath else 0)
+
+
+def umount_nofollow(path: str) -> None:
+    """Detach the mount at ``path`` without following a symlink there."""
+    _check(_libc.umount2(_b(path), MNT_DETACH | UMOUNT_NOFOLLOW), f"umount {path}")
 
 
 def fs_type(fd: int) -> int:
