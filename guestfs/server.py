@@ -28,7 +28,7 @@ from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
 from guestfs.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
 from guestfs.timens import read_boottime_offset
-from guestfs.usage import container_incarnation, pidns_init, read_task_counts, stat_fields
+from guestfs.usage import container_incarnation, pidns_init, read_start_ticks, read_task_counts
 from guestfs.view import ViewState, render_file
 
 log = logging.getLogger("guestfs.server")
@@ -206,15 +206,7 @@ class ViewServer:
         return ours
 
     def start_time(self, pid: int) -> int | None:
-        """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names
-        one process for its whole life. None when unreadable."""
-        text = self.host.try_read_small(f"/proc/{pid}/stat")
-        if text is None:
-            return None
-        try:
-            return int(stat_fields(text)[19])
-        except (ValueError, IndexError):
-            return None
+        return read_start_ticks(self.host, pid)
 
     def reader(self, pid: int) -> Reader:
         """The reader's identity; pid 0 (FUSE's answer for a reader outside the daemon's pid

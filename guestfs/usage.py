@@ -194,8 +194,10 @@ def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
 
 # ------------------------------------------------------------------ age
 
-def _starttime_ticks(host: HostRoot, pid: str) -> int | None:
-    text = host.try_read_text(f"/proc/{pid}/stat")
+def read_start_ticks(host: HostRoot, pid: int | str) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names one
+    process for its whole life. None when unreadable."""
+    text = host.try_read_small(f"/proc/{pid}/stat")
     if text is None:
         return None
     try:
@@ -265,14 +267,14 @@ def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
     found = _process_level(snap, lim)
     init = pidns_init(host, snap.pid)
     if init is not None and (found is None or _member_of(host, init, *found)):
-        start = _starttime_ticks(host, init)
+        start = read_start_ticks(host, init)
         if start is not None:
             return ContainerAge(start / tck, f"start of pid-namespace init /proc/{init}")
     if found is None:
         return None
     level = found[1]
     starts = [s for pid in _ids_below(host, level.directory, "cgroup.procs")
-              if (s := _starttime_ticks(host, pid)) is not None]
+              if (s := read_start_ticks(host, pid)) is not None]
     if starts:
         return ContainerAge(min(starts) / tck, f"oldest process below {level.directory}")
     try:
