@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from guestfs.cli import main
 from guestfs.hostroot import HostRoot
-from guestfs.server import ServerConfig, ViewServer
+from guestfs.server import ServerConfig, UnseenReader, ViewServer
 from guestfs.view import SERVED_FILES
 from tests.conftest import FIXTURE_NAMES, FIXTURES
 from tests.test_fuzz_parsers import texts
@@ -127,6 +127,7 @@ def every(name: str, suffix: str, text: str | None) -> tuple[str, str, dict[str,
 @example(every("docker-v1", "blkio.throttle.io_serviced_recursive", "8:0 Read \u00b2\n"))
 @example(every("docker-v1", "cpuset.cpus", "0-99999999999\n"))
 @example(every("docker-v1", "/mountinfo", "26 23 0:23 / /x rw - cgroup x\n"))
+@example(("docker-v1", "1", {"proc/1/cgroup": None}))   # a reader the daemon cannot place
 def test_show_over_damaged_roots(case):
     name, pid, changes = case
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,13 +154,18 @@ def test_show_over_damaged_roots(case):
 
 
 def serve_every_file(root: str, pid: int) -> None:
-    """The daemon's path over the same root: render never raises; what it renders without
-    a counted fallback is well formed."""
+    """The daemon's path over the same root: render never raises but to refuse a reader
+    it cannot place (EACCES, counted: docs/mount.md); what it renders without a counted
+    fallback is well formed."""
     srv = ViewServer(HostRoot(root), ServerConfig(cache_ttl=0))
     try:
         for path in SERVED_FILES:
-            before = srv.errors
-            data = srv.render(path, pid).decode()
+            before, refused = srv.errors, sum(srv.refusals.values())
+            try:
+                data = srv.render(path, pid).decode()
+            except UnseenReader:
+                assert sum(srv.refusals.values()) == refused + 1
+                continue
             if srv.errors == before:
                 check_shape(path, data)
     finally:
