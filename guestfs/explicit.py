@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from guestfs.provenance import DOWNWARD_API, ENV, OPTION, Candidate, Source
-from guestfs.quantity import parse_cpu_quantity, parse_memory_quantity, parse_quantity
+from guestfs.quantity import (
+    in_range,
+    parse_cpu_quantity,
+    parse_memory_quantity,
+    parse_quantity,
+)
 
 ENV_MEMORY = "GUESTFS_MEMORY_LIMIT"
 ENV_CPU = "GUESTFS_CPU_LIMIT"
@@ -88,7 +93,7 @@ def _memory(text: str, divisor: Fraction, apply_divisor: bool) -> int:
 
 def _cpu(text: str, divisor: Fraction, apply_divisor: bool) -> Fraction:
     if apply_divisor and _is_bare_number(text):
-        return parse_cpu_quantity(text) * divisor
+        return in_range(parse_cpu_quantity(text) * divisor, f"{text.strip()} x {divisor}")
     return parse_cpu_quantity(text)
 
 

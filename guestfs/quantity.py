@@ -38,7 +38,12 @@ def parse_quantity(text: str) -> Fraction:
         number = Fraction(Decimal(m.group(1)))
     except InvalidOperation as e:
         raise ValueError(f"not a Kubernetes quantity: {_short(text)!r}") from e
-    value = number * _SUFFIX[m.group(3)]
+    return in_range(number * _SUFFIX[m.group(3)], text)
+
+
+def in_range(value: Fraction, text: str) -> Fraction:
+    """``value`` (parsed from ``text``, perhaps times a downward API divisor), checked to
+    be below 2**63."""
     if value > MAX_QUANTITY:
         raise ValueError(f"quantity too large (at most 2^63-1): {_short(text)!r}")
     return value

@@ -189,6 +189,7 @@ limit_file = st.one_of(st.binary(max_size=64), texts.map(lambda t: t.encode("utf
 @given(limit_file, limit_file, st.sampled_from([None, "1", "1m", "1Mi", "0", "x"]))
 @example(b"\xe9", b"1", None)                       # UnicodeDecodeError escaped
 @example(b"lots", b"1", None)                       # silently ignored
+@example(b"1", b"8796100000000", "1Mi")              # past 2^63 only once times the divisor
 def test_limits_dir(memory, cpu, divisor):
     with tempfile.TemporaryDirectory() as d:
         for name, data in (("limits.memory", memory), ("limits.cpu", cpu)):
