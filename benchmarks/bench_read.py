@@ -1,17 +1,29 @@
 #!/usr/bin/env python3
 """Read latency and throughput of the served files: kernel /proc vs LXCFS vs guestfs.
 
-    .venv/bin/python benchmarks/bench_read.py [--ops 5000] [--json FILE]
+    .venv/bin/python benchmarks/bench_read.py [--ops 5000] [--json FILE] [--plot FILE.svg]
 
 Run as root on a cgroup v1 (or hybrid) host with lxcfs installed (.ci/setup). It creates a
-v1 cgroup (512 MiB, quota 150000/100000), starts LXCFS and guestfs on mountpoints of their
-own (both daemons outside the cgroup, as when LXCFS runs on the host), and from inside the
-cgroup times open+read+close of /proc/{meminfo,cpuinfo,stat} through each, with 1 and 4
-concurrent readers (`--files` picks others, e.g. uptime,loadavg; `--idle-procs N` first starts
-N sleeping processes outside the cgroup, to show a file's cost does not grow with the number
-of processes on the host); then `free -m` invocations per second with each one's meminfo bound
-over /proc/meminfo; then each daemon's RSS. Ratios are within one run, never across runs:
-the machine is shared and noisy. Everything it starts is removed on exit.
+v1 cgroup (512 MiB, quota 150000/100000) at one path in every hierarchy, starts LXCFS and
+three guestfs mounts on mountpoints of their own (all daemons outside the cgroup, as when
+LXCFS runs on the host):
+
+- ``guestfs``: the default mount, a per-caller view (``guestfs mount MP``);
+- ``fixed``: a fixed view of the bench cgroup (``guestfs mount MP --cgroup PATH``);
+- ``percontainer``: ``guestfs mount MP --per-container``, read at
+  ``MP/<dir_key(PATH)>/proc/...`` (left out, with the reason, if this guestfs refuses the
+  option);
+
+and from inside the cgroup times open+read-to-EOF+close of /proc/{meminfo,cpuinfo,stat}
+through the kernel and each daemon, with 1, 2 and 4 concurrent reader processes (``--files``
+picks others, e.g. uptime,loadavg; ``--idle-procs N`` first starts N sleeping processes
+outside the cgroup, to show a file's cost does not grow with the number of processes on the
+host), and each daemon's CPU time per 10^5 reads (utime+stime of /proc/<pid>/stat around
+each measurement); then `free -m` invocations per second with each one's meminfo bound over
+/proc/meminfo in a private mount namespace; then each daemon's RSS. It prints a markdown
+table for docs/performance.md with the ratios against the targets, and ``--plot`` writes an
+SVG of reads/s by number of readers. Ratios are within one run, never across runs: the
+machine is shared and noisy. Everything it starts is removed on exit, failure included.
 """
 
 from __future__ import annotations
@@ -21,50 +33,89 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.fusemount import mounted  # noqa: E402
-from tests.lxcfsd import lxcfs_mounted  # noqa: E402
-from tests.realcg import v1_cgroup  # noqa: E402
+# benchsupport and svgplot sit next to this file (the script's directory is on sys.path);
+# guestfs is the venv's installed package.
+from benchsupport import (
+    BenchError,
+    bench_cgroup,
+    cpu_seconds,
+    guestfs_mounted,
+    lxcfs_mounted,
+    rss_bytes,
+    sleeping,
+)
+from svgplot import grouped_bars
 
 FILES = ("meminfo", "cpuinfo", "stat")
+READERS = (1, 2, 4)
+MODES = ("kernel", "lxcfs", "guestfs", "fixed", "percontainer")
+LABELS = {"kernel": "kernel", "lxcfs": "LXCFS", "guestfs": "guestfs per-caller",
+          "fixed": "guestfs fixed view", "percontainer": "guestfs per-container"}
+DAEMONS = MODES[1:]
 
 
 def _reader(path: str, ops: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
     lat = []
-    for _ in range(ops):
-        t0 = time.perf_counter_ns()
-        with open(path, "rb", buffering=0) as f:
-            while f.read(65536):
-                pass
-        lat.append(time.perf_counter_ns() - t0)
+    try:
+        for _ in range(ops):
+            t0 = time.perf_counter_ns()
+            with open(path, "rb", buffering=0) as f:
+                while f.read(65536):
+                    pass
+            lat.append(time.perf_counter_ns() - t0)
+    except OSError as e:
+        q.put(f"{path}: {e}")
+        return
     q.put(lat)
 
 
-def measure(path: str, ops: int, readers: int) -> dict[str, float]:
-    q: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-    procs = [mp.Process(target=_reader, args=(path, ops, q)) for _ in range(readers)]
+def measure(path: str, ops: int, readers: int, daemon: int | None = None
+            ) -> dict[str, float]:
+    """``readers`` processes each open+read+close ``path`` ``ops`` times; with ``daemon``,
+    also that daemon's CPU seconds over the run, and per 10^5 reads."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_reader, args=(path, ops, q)) for _ in range(readers)]
+    cpu0 = cpu_seconds(daemon) if daemon else 0.0
     t0 = time.perf_counter()
-    for p in procs:
-        p.start()
-    lats = [x for _ in procs for x in q.get()]
-    for p in procs:
-        p.join()
+    try:
+        for p in procs:
+            p.start()
+        got = []
+        for _ in procs:
+            while True:
+                with contextlib.suppress(Exception):
+                    got.append(q.get(timeout=1))
+                    break
+                if not any(p.is_alive() for p in procs) and q.empty():
+                    raise BenchError(f"the readers of {path} died")
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
     wall = time.perf_counter() - t0
-    lats.sort()
-    return {"p50_us": lats[len(lats) // 2] / 1000, "p99_us": lats[int(len(lats) * 0.99)] / 1000,
-            "mean_us": statistics.fmean(lats) / 1000, "ops_per_s": len(lats) / wall}
+    errors = [g for g in got if isinstance(g, str)]
+    if errors:
+        raise BenchError(errors[0])
+    lats = sorted(x for g in got for x in g)
+    r = {"p50_us": lats[len(lats) // 2] / 1000, "p99_us": lats[int(len(lats) * 0.99)] / 1000,
+         "mean_us": statistics.fmean(lats) / 1000, "ops_per_s": len(lats) / wall}
+    if daemon:
+        cpu = cpu_seconds(daemon) - cpu0
+        r["daemon_cpu_s"] = cpu
+        r["cpu_s_per_1e5_reads"] = cpu * 1e5 / len(lats)
+    return r
 
 
 FREE_LOOP = ("import subprocess, sys, time; n = int(sys.argv[1]); t = time.perf_counter()\n"
@@ -75,35 +126,190 @@ FREE_LOOP = ("import subprocess, sys, time; n = int(sys.argv[1]); t = time.perf_
 def free_rate(meminfo: str | None, n: int) -> float:
     loop = [sys.executable, "-c", FREE_LOOP, str(n)]
     if meminfo is None:
-        out = subprocess.run(loop, check=True, capture_output=True, text=True)
+        out = subprocess.run(loop, check=True, capture_output=True, text=True, cwd="/")
     else:
         out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                               'mount --bind "$0" /proc/meminfo && exec "$@"', meminfo,
-                              *loop], check=True, capture_output=True, text=True)
+                              *loop], check=True, capture_output=True, text=True, cwd="/")
     return float(out.stdout)
 
 
-@contextlib.contextmanager
-def sleeping(n: int) -> Iterator[None]:
-    procs = [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+def _memtotal(path: str) -> str:
+    with open(path) as f:
+        return next((line.split(None, 1)[1].strip() for line in f
+                     if line.startswith("MemTotal:")), "?")
 
 
-def enter(dirs: dict[str, str]) -> None:
-    for d in dirs.values():
-        with open(f"{d}/cgroup.procs", "w") as f:
-            f.write(str(os.getpid()))
+# --- the report ----------------------------------------------------------------------
 
 
-def leave(dirs: dict[str, str]) -> None:
-    for d in dirs.values():
-        with open(f"{os.path.dirname(d)}/cgroup.procs", "w") as f:
-            f.write(str(os.getpid()))
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def targets(results: dict) -> list[dict]:  # type: ignore[type-arg]
+    """The fixed view against the targets of issue 11, as ratios within this run."""
+    reads, free = results["reads"], results["free_per_s"]
+
+    def get(key: str, field: str) -> float | None:
+        return reads[key][field] if key in reads else None
+
+    top = max(results["readers"])
+    rows = [
+        ("fixed-view meminfo p50 / kernel p50 (1 reader)", "≤ 1.0",
+         _ratio(get("meminfo x1 fixed", "p50_us"), get("meminfo x1 kernel", "p50_us")),
+         lambda v: v <= 1.0),
+        ("fixed-view meminfo p50 / LXCFS p50 (1 reader)", "≤ 0.05",
+         _ratio(get("meminfo x1 fixed", "p50_us"), get("meminfo x1 lxcfs", "p50_us")),
+         lambda v: v <= 0.05),
+        (f"fixed-view / LXCFS meminfo reads/s ({top} readers)", "≥ 10",
+         _ratio(get(f"meminfo x{top} fixed", "ops_per_s"),
+                get(f"meminfo x{top} lxcfs", "ops_per_s")),
+         lambda v: v >= 10),
+        ("`free -m` rate fixed view / kernel", "≥ 0.95",
+         _ratio(free.get("fixed"), free.get("kernel")), lambda v: v >= 0.95),
+    ]
+    return [{"target": name, "goal": goal, "measured": v,
+             "met": None if v is None else bool(ok(v))} for name, goal, v, ok in rows]
+
+
+def _cell(r: dict | None) -> str:  # type: ignore[type-arg]
+    return "–" if r is None else f"{r['p50_us']:.0f} / {r['p99_us']:.0f}"
+
+
+def _num(v: float | None, fmt: str = ".2f") -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def markdown(results: dict) -> str:  # type: ignore[type-arg]
+    reads, modes, files = results["reads"], results["modes"], results["files"]
+    readers = results["readers"]
+    out = ["| file | readers | " + " | ".join(f"{LABELS[m]} p50 / p99 µs" for m in modes)
+           + " | fixed/kernel p50 | fixed/LXCFS p50 |",
+           "|---|---|" + "---|" * (len(modes) + 2)]
+    for f in files:
+        for n in readers:
+            if n not in (1, 4) and {1, 4} & set(readers):
+                continue  # 2 readers: in the second table and the plot only
+            row = [_cell(reads.get(f"{f} x{n} {m}")) for m in modes]
+            fx = reads.get(f"{f} x{n} fixed")
+            ratios = [_num(_ratio(fx and fx["p50_us"], reads[f"{f} x{n} {b}"]["p50_us"]))
+                      for b in ("kernel", "lxcfs")]
+            out.append(f"| {f} | {n} | " + " | ".join(row + ratios) + " |")
+    out += ["", "| | " + " | ".join(f"meminfo reads/s ×{n}" for n in readers)
+            + " | `free -m` /s | RSS MiB | CPU s / 10^5 meminfo reads (×1 / ×"
+            + f"{max(readers)}) |",
+            "|---|" + "---|" * (len(readers) + 3)]
+    for m in modes:
+        rs = [reads.get(f"meminfo x{n} {m}") for n in readers]
+        cpu = [reads.get(f"meminfo x{n} {m}", {}).get("cpu_s_per_1e5_reads")
+               for n in (min(readers), max(readers))]
+        rss = results["rss_bytes"].get(m)
+        out.append(f"| {LABELS[m]} | "
+                   + " | ".join("–" if r is None else f"{r['ops_per_s']:.0f}" for r in rs)
+                   + f" | {_num(results['free_per_s'].get(m), '.0f')}"
+                   + f" | {_num(rss and rss / 2**20, '.1f')}"
+                   + " | " + ("–" if cpu[0] is None else " / ".join(_num(c) for c in cpu))
+                   + " |")
+    for m, why in results["skipped"].items():
+        out.append(f"\n{LABELS[m]}: not measured: {why}")
+    out += ["", "| target (issue 11) | goal | measured | |", "|---|---|---|---|"]
+    for t in results["targets"]:
+        met = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
+        out.append(f"| {t['target']} | {t['goal']} | {_num(t['measured'])} | {met} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(results: dict) -> str:  # type: ignore[type-arg]
+    panels = {f: {n: {m: results["reads"][f"{f} x{n} {m}"]["ops_per_s"]
+                      for m in results["modes"] if f"{f} x{n} {m}" in results["reads"]}
+                  for n in results["readers"]}
+              for f in results["files"]}
+    return grouped_bars("open + read + close per second, by concurrent readers",
+                        {f"/proc/{f}": g for f, g in panels.items()}, LABELS,
+                        subtitle=f"benchmarks/bench_read.py --ops {results['ops']}, "
+                                 f"{results['date']}, {os.cpu_count()} CPUs; "
+                                 "one run, compare within it only")
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every cleanup below
+
+
+def run(a: argparse.Namespace) -> dict:  # type: ignore[type-arg]
+    from guestfs.containerdirs import dir_key
+
+    files = tuple(a.files.split(","))
+    readers = tuple(int(n) for n in a.readers.split(","))
+    results: dict = {"binding": a.binding, "ops": a.ops,  # type: ignore[type-arg]
+                     "idle_procs": a.idle_procs, "files": list(files),
+                     "readers": list(readers), "skipped": {},
+                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    gargs = ["--fuse-binding", a.binding]
+    if a.cache_ttl is not None:
+        gargs += ["--cache-ttl", a.cache_ttl]
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="guestfs-bench-"))
+        cg = stack.enter_context(bench_cgroup(512 << 20, 150000, 100000))
+        key = dir_key(cg.path)
+        results["cgroup"], results["key"] = cg.path, key
+        lx = stack.enter_context(lxcfs_mounted(f"{tmp}/lxcfs", f"{tmp}/lxcfs.pid"))
+        gf = stack.enter_context(guestfs_mounted(f"{tmp}/guestfs", gargs,
+                                                 f"{tmp}/guestfs.log"))
+        fx = stack.enter_context(guestfs_mounted(f"{tmp}/fixed", [*gargs, "--cgroup", cg.path],
+                                                 f"{tmp}/fixed.log"))
+        pc = stack.enter_context(guestfs_mounted(f"{tmp}/percontainer",
+                                                 [*gargs, "--per-container"],
+                                                 f"{tmp}/percontainer.log", optional=True))
+        stack.enter_context(sleeping(a.idle_procs))
+        bases = {"kernel": "/proc", "lxcfs": f"{tmp}/lxcfs/proc",
+                 "guestfs": f"{tmp}/guestfs/proc", "fixed": f"{tmp}/fixed/proc",
+                 "percontainer": f"{tmp}/percontainer/{key}/proc"}
+        pids = {"lxcfs": lx.pid, "guestfs": gf.pid, "fixed": fx.pid}  # type: ignore[union-attr]
+        if isinstance(pc, str):
+            results["skipped"]["percontainer"] = pc
+        else:
+            pids["percontainer"] = pc.pid
+        modes = [m for m in MODES if m not in results["skipped"]]
+        results["modes"] = modes
+        results["pids"] = pids
+        cg.enter()
+        try:
+            if "percontainer" in modes and not os.path.exists(f"{bases['percontainer']}/meminfo"):
+                # The mount took the option but has no directory for this cgroup: report it
+                # (the other rows still run), it is not a missing mode.
+                results["skipped"]["percontainer"] = (
+                    f"mounted, but {bases['percontainer']}/meminfo does not exist")
+                modes.remove("percontainer")
+            results["memtotal"] = {m: _memtotal(f"{bases[m]}/meminfo") for m in modes}
+            print("MemTotal: " + ", ".join(f"{m} {v}" for m, v in results["memtotal"].items()),
+                  flush=True)
+            reads: dict[str, dict[str, float]] = {}
+            results["reads"] = reads
+            for f in files:
+                for n in readers:
+                    for m in modes:
+                        path = f"{bases[m]}/{f}"
+                        measure(path, min(200, a.ops), n)  # warm up
+                        r = measure(path, a.ops, n, pids.get(m))
+                        reads[f"{f} x{n} {m}"] = r
+                        cpu = (f"  {r['cpu_s_per_1e5_reads']:6.2f} cpu s/1e5"
+                               if "cpu_s_per_1e5_reads" in r else "")
+                        print(f"{f:8} readers={n} {m:12} p50 {r['p50_us']:8.1f} us  "
+                              f"p99 {r['p99_us']:8.1f} us  {r['ops_per_s']:9.0f} reads/s{cpu}",
+                              flush=True)
+            free = {m: free_rate(None if m == "kernel" else f"{bases[m]}/meminfo", a.free)
+                    for m in modes}
+            results["free_per_s"] = free
+            print("free -m per second: " + ", ".join(f"{k} {v:.0f}" for k, v in free.items()))
+        finally:
+            cg.leave()
+        results["rss_bytes"] = {m: rss_bytes(pid) for m, pid in pids.items()}
+        results["guestfs_log"] = Path(f"{tmp}/guestfs.log").read_text().splitlines()[:1]
+    return results
 
 
 def main() -> int:
@@ -111,61 +317,43 @@ def main() -> int:
     ap.add_argument("--ops", type=int, default=5000, help="reads per reader (default 5000)")
     ap.add_argument("--free", type=int, default=300, help="free -m runs per target")
     ap.add_argument("--binding", default="auto", help="guestfs --fuse-binding")
+    ap.add_argument("--cache-ttl", metavar="S", help="guestfs --cache-ttl (default: its own)")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
+    ap.add_argument("--plot", metavar="FILE.svg", help="also draw reads/s by readers here")
     ap.add_argument("--files", default=",".join(FILES),
                     help=f"files under /proc to time (default {','.join(FILES)})")
+    ap.add_argument("--readers", default=",".join(map(str, READERS)),
+                    help="numbers of concurrent readers (default 1,2,4)")
     ap.add_argument("--idle-procs", type=int, default=0, metavar="N",
                     help="sleeping processes to start on the host first (default 0)")
     a = ap.parse_args()
-    files = tuple(a.files.split(","))
-    results: dict[str, object] = {"binding": a.binding, "ops": a.ops,
-                                  "idle_procs": a.idle_procs}
-    with tempfile.TemporaryDirectory(prefix="guestfs-bench-") as tmp, \
-            lxcfs_mounted(f"{tmp}/lxcfs", f"{tmp}/lxcfs.pid") as lx, \
-            mounted(f"{tmp}/guestfs", "--fuse-binding", a.binding,
-                    log=f"{tmp}/guestfs.log") as gf, \
-            v1_cgroup(512 << 20, 150000, 100000) as cg, \
-            sleeping(a.idle_procs):
-        targets = {"kernel": "/proc", "lxcfs": f"{tmp}/lxcfs/proc",
-                   "guestfs": f"{tmp}/guestfs/proc"}
-        enter(cg.dirs)
-        try:
-            reads: dict[str, dict[str, object]] = {}
-            for f in files:
-                for readers in (1, 4):
-                    for name, base in targets.items():
-                        measure(f"{base}/{f}", min(200, a.ops), readers)  # warm up
-                        r = measure(f"{base}/{f}", a.ops, readers)
-                        reads[f"{f} x{readers} {name}"] = r
-                        print(f"{f:8} readers={readers} {name:8} p50 {r['p50_us']:8.1f} us  "
-                              f"p99 {r['p99_us']:8.1f} us  {r['ops_per_s']:9.0f} reads/s",
-                              flush=True)
-            results["reads"] = reads
-            free = {name: free_rate(None if name == "kernel" else f"{base}/meminfo", a.free)
-                    for name, base in targets.items()}
-            results["free_per_s"] = free
-            print("free -m per second: " + ", ".join(f"{k} {v:.0f}" for k, v in free.items()))
-        finally:
-            leave(cg.dirs)
-        rss = {"guestfs": psutil.Process(gf.pid).memory_info().rss,
-               "lxcfs": psutil.Process(lx.pid).memory_info().rss}
-        results["rss_bytes"] = rss
-        results["guestfs_log"] = Path(f"{tmp}/guestfs.log").read_text().splitlines()[:1]
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        results = run(a)
+    except BenchError as e:
+        print(f"bench_read: {e}", file=sys.stderr)
+        return 1
+    reads, free = results["reads"], results["free_per_s"]
     ratios = {}
-    for f in files:
-        for readers in (1, 4):
-            g, x = reads[f"{f} x{readers} guestfs"], reads[f"{f} x{readers} lxcfs"]
-            ratios[f"{f} x{readers}"] = {k: g[k] / x[k] for k in ("p50_us", "p99_us",
-                                                                 "ops_per_s")}
+    for f in results["files"]:
+        for n in results["readers"]:
+            g, x = reads[f"{f} x{n} guestfs"], reads[f"{f} x{n} lxcfs"]
+            ratios[f"{f} x{n}"] = {k: g[k] / x[k] for k in ("p50_us", "p99_us", "ops_per_s")}
     results["guestfs_over_lxcfs"] = ratios
     results["free_guestfs_over_kernel"] = free["guestfs"] / free["kernel"]
-    print("\nguestfs / LXCFS (lower latency ratio is better):")
+    results["targets"] = targets(results)
+    print("\nguestfs per-caller / LXCFS (lower latency ratio is better):")
     for k, v in ratios.items():
         print(f"  {k:12} p50 {v['p50_us']:.2f}  p99 {v['p99_us']:.2f}  "
               f"reads/s {v['ops_per_s']:.2f}")
     print(f"free -m rate guestfs/kernel: {results['free_guestfs_over_kernel']:.2f}")
-    print(f"RSS: guestfs {rss['guestfs'] / 2**20:.1f} MiB, lxcfs {rss['lxcfs'] / 2**20:.1f} MiB")
+    print("RSS: " + ", ".join(f"{m} {v / 2**20:.1f} MiB"
+                              for m, v in results["rss_bytes"].items()))
     print(results["guestfs_log"][0] if results["guestfs_log"] else "")
+    results["table_md"] = markdown(results)
+    print("\n" + results["table_md"])
+    if a.plot:
+        Path(a.plot).write_text(plot(results))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -1,0 +1,299 @@
+"""What the benchmarks start and always remove: a v1 cgroup, LXCFS and guestfs mounts.
+
+Stand-alone (standard library and psutil only, no pytest, nothing from tests/), so a
+benchmark runs as ``.venv/bin/python benchmarks/bench_read.py`` from any directory: this
+file is found next to the script, and guestfs is the venv's installed package. The
+daemons are started with cwd ``/`` so that ``python -m guestfs`` never imports from the
+caller's current directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run here (no root, no v1 cgroup, no lxcfs, a daemon failed)."""
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _unescape(s: str) -> str:  # mountinfo octal escapes (\040 for a space)
+    return s.encode().decode("unicode_escape") if "\\" in s else s
+
+
+def _mountinfo() -> list[tuple[str, str, str, str]]:
+    """(root, mount point, fstype, super options) of every mount in our mount table."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            a, b = pre.split(), post.split()
+            out.append((_unescape(a[3]), _unescape(a[4]), b[0], b[2] if len(b) > 2 else ""))
+    return out
+
+
+def fuse_mounted(mp: str) -> bool:
+    """A FUSE mount at ``mp``, from the mount table only (never touches the mount, which
+    would hang on a stopped daemon)."""
+    mp = os.path.realpath(mp)
+    return any(m[1] == mp and m[2].startswith("fuse") for m in _mountinfo())
+
+
+def force_unmount(mp: str) -> None:
+    for _ in range(3):
+        if not any(m[1] == os.path.realpath(mp) for m in _mountinfo()):
+            return
+        subprocess.run(["umount", "-l", mp], stderr=subprocess.DEVNULL, check=False)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM (both daemons unmount on it), then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def require_fuse() -> None:
+    if os.geteuid() != 0:
+        raise BenchError("run as root: it mounts FUSE filesystems and creates cgroups")
+    if not os.path.exists("/dev/fuse"):
+        raise BenchError("this kernel has no /dev/fuse")
+
+
+def _tail(path: str, n: int = 3) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return " | ".join(line.strip() for line in f.read().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def guestfs_mounted(mp: str, args: list[str], log: str, optional: bool = False
+                    ) -> Iterator[subprocess.Popen[bytes] | str]:
+    """``guestfs mount mp args`` until the block ends. With ``optional``, a mount that
+    exits before mounting (an option this guestfs does not have) yields the reason as a
+    string instead of raising."""
+    require_fuse()
+    os.makedirs(mp, exist_ok=True)
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *args],
+                                stdout=subprocess.DEVNULL, stderr=err, cwd="/")
+    try:
+        up = wait_for(lambda: fuse_mounted(mp) or proc.poll() is not None)
+        if proc.poll() is not None or not up:
+            why = (f"`guestfs mount {' '.join(args)}` "
+                   + (f"exited with {proc.returncode}" if proc.poll() is not None
+                      else "did not mount in 30 s") + f": {_tail(log)}")
+            if not optional:
+                raise BenchError(why)
+            yield why
+        else:
+            yield proc
+    finally:
+        stop(proc)
+        force_unmount(mp)
+
+
+@contextlib.contextmanager
+def lxcfs_mounted(mp: str, pidfile: str) -> Iterator[subprocess.Popen[bytes]]:
+    require_fuse()
+    binary = shutil.which("lxcfs")
+    if binary is None:
+        raise BenchError("lxcfs is missing: .ci/setup installs Debian's lxcfs")
+    os.makedirs(mp, exist_ok=True)
+    # -l: loadavg, --enable-cfs: CPU view from the quota (what guestfs always does).
+    proc = subprocess.Popen([binary, "-f", "-l", "--enable-cfs", "-p", pidfile, mp],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
+    try:
+        if not wait_for(lambda: (fuse_mounted(mp) and os.path.exists(f"{mp}/proc/meminfo"))
+                        or proc.poll() is not None):
+            raise BenchError("lxcfs did not come up")
+        if proc.poll() is not None:
+            raise BenchError(f"lxcfs exited with {proc.returncode}")
+        yield proc
+    finally:
+        stop(proc)
+        force_unmount(mp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pidfile)
+
+
+@contextlib.contextmanager
+def sleeping(n: int) -> Iterator[None]:
+    procs = [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+# --- the bench cgroup ----------------------------------------------------------------
+
+
+@dataclass
+class BenchCgroup:
+    path: str                   # the same cgroup path in every hierarchy
+    dirs: dict[str, str]        # controller -> directory
+    home: dict[str, str] = field(default_factory=dict)  # controller -> where we were
+
+    def enter(self) -> None:
+        for d in self.dirs.values():
+            _write(f"{d}/cgroup.procs", str(os.getpid()))
+
+    def leave(self) -> None:
+        for d in self.home.values():
+            _write(f"{d}/cgroup.procs", str(os.getpid()))
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _v1_mount(controller: str) -> tuple[str, str] | None:
+    """(mount root, mount point) of the v1 hierarchy holding ``controller``."""
+    for root, mp, fstype, opts in _mountinfo():
+        if fstype == "cgroup" and controller in opts.split(","):
+            return root, mp
+    return None
+
+
+def _own_path(controller: str) -> str | None:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            if controller in ctrls.split(","):
+                return path
+    return None
+
+
+def _dir_of(controller: str, path: str) -> str:
+    root, mp = _v1_mount(controller)  # type: ignore[misc]
+    rel = path[len(root.rstrip("/")):] if root != "/" else path
+    return os.path.join(mp, rel.lstrip("/"))
+
+
+@contextlib.contextmanager
+def bench_cgroup(memory: int, quota: int, period: int) -> Iterator[BenchCgroup]:
+    """A v1 cgroup with these limits at ONE path in the memory, cpu, cpuset (and a
+    separate cpuacct) hierarchies: under our own memory cgroup, its parents created in the
+    other hierarchies as needed, so that ``guestfs mount --cgroup PATH`` (one path for
+    every hierarchy) names exactly the cgroup the readers sit in. Everything created is
+    removed at the end, any process left in it killed first."""
+    if os.geteuid() != 0:
+        raise BenchError("run as root: it creates cgroups")
+    controllers = ["memory", "cpu", "cpuset"]
+    for c in controllers:
+        if _v1_mount(c) is None or _own_path(c) is None:
+            raise BenchError(f"no cgroup v1 {c} hierarchy on this kernel (v1 or hybrid needed)")
+    acct = _v1_mount("cpuacct")
+    if acct is not None and acct != _v1_mount("cpu"):
+        controllers.append("cpuacct")  # a hierarchy of its own
+    path = f"{_own_path('memory').rstrip('/')}/guestfs-bench-{uuid.uuid4().hex[:8]}"  # type: ignore[union-attr]
+    created: list[str] = []
+    dirs: dict[str, str] = {}
+    home = {c: _dir_of(c, _own_path(c)) for c in controllers}  # type: ignore[arg-type]
+    try:
+        for c in controllers:
+            d = _dir_of(c, path)
+            todo = []
+            p = d
+            while not os.path.isdir(p):
+                todo.append(p)
+                p = os.path.dirname(p)
+            for p in reversed(todo):
+                os.mkdir(p)
+                created.append(p)
+                if c == "cpuset":  # a new cpuset is empty: copy its parent's cpus and mems
+                    for k in ("cpuset.cpus", "cpuset.mems"):
+                        with open(os.path.join(os.path.dirname(p), k)) as f:
+                            _write(os.path.join(p, k), f.read().strip())
+            dirs[c] = d
+        _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
+        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
+        _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+        yield BenchCgroup(path, dirs, home)
+    finally:
+        leaf = set(dirs.values())
+        for d in reversed(created):
+            if d in leaf:
+                _empty_and_remove(d)
+            else:  # a parent we made: someone else may have a child there by now
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+
+
+def _empty_and_remove(d: str) -> None:
+    for _ in range(100):
+        try:
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                pids = [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            return
+        for pid in pids:
+            if pid != os.getpid():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        try:
+            os.rmdir(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+    os.rmdir(d)  # raise: a leaked cgroup must fail loudly
+
+
+# --- a daemon's cost -----------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and its descendants (every thread), from /proc/<pid>/stat."""
+    import psutil
+
+    pids = [pid]
+    with contextlib.suppress(psutil.Error):
+        pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    ticks = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        ticks += int(rest[11]) + int(rest[12])  # fields 14 and 15: utime, stime
+    return ticks / CLK_TCK
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
