@@ -27,11 +27,11 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# benchsupport sits next to this file (the script's directory is on sys.path); guestfs is
+# the venv's installed package.
+from benchsupport import guestfs_mounted
 
-from guestfs.view import SERVED_FILES  # noqa: E402
-from tests.fusemount import mounted  # noqa: E402
+from guestfs.view import SERVED_FILES
 
 MiB = 1 << 20
 
@@ -75,7 +75,7 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="guestfs-bench-rss-") as tmp:
         mnt, log = f"{tmp}/mnt", f"{tmp}/log"
-        with mounted(mnt, log=log) as daemon:
+        with guestfs_mounted(mnt, [], log) as daemon:
             time.sleep(1)  # the size probe and the first renderings
             before = _status_kib(daemon.pid, "VmRSS")
             samples: list[int] = []
