@@ -31,9 +31,12 @@ def grouped_bars(title: str, panels: dict[str, dict[int, dict[str, float]]],
     hi = 10 ** math.ceil(math.log10(max(values))) if values else 10.0
     if hi <= lo:
         hi = lo * 10
-    pw, ph, left, top, bottom, gap = 300, 260, 70, 60, 40, 55
-    legend_h = 22 * ((len(modes) + 2) // 3)
-    width = left + len(panels) * (pw + gap) + 10
+    grid_hi = hi
+    hi = max(hi, 2.5 * max(values, default=1.0))  # headroom for the value labels
+    pw, ph, left, top, bottom, gap = 300, 260, 70, 70, 40, 55
+    width = max(left + len(panels) * (pw + gap) + 10, 620)
+    cols = max(1, min(len(modes), (width - left) // 190))
+    legend_h = 22 * ((len(modes) + cols - 1) // cols)
     height = top + ph + bottom + legend_h + 10
 
     def y(v: float) -> float:
@@ -55,7 +58,7 @@ def grouped_bars(title: str, panels: dict[str, dict[int, dict[str, float]]],
         out.append(f'<text x="{x0 + pw / 2:.0f}" y="{top - 12}" text-anchor="middle" '
                    f'font-weight="bold">{escape(name)}</text>')
         decade = lo
-        while decade <= hi * 1.001:  # grid lines and labels at every decade
+        while decade <= grid_hi * 1.001:  # grid lines and labels at every decade
             yy = y(decade)
             out.append(f'<line x1="{x0}" y1="{yy:.1f}" x2="{x0 + pw}" y2="{yy:.1f}" '
                        'stroke="#ddd"/>')
@@ -84,8 +87,8 @@ def grouped_bars(title: str, panels: dict[str, dict[int, dict[str, float]]],
                        f'text-anchor="middle">{readers} reader{"s" if readers > 1 else ""}'
                        '</text>')
     for k, mode in enumerate(modes):
-        lx = left + (k % 3) * 240
-        ly = top + ph + bottom + 22 * (k // 3)
+        lx = left + (k % cols) * 190
+        ly = top + ph + bottom + 22 * (k // cols)
         out.append(f'<rect x="{lx}" y="{ly - 10}" width="12" height="12" '
                    f'fill="{COLOURS[k % len(COLOURS)]}"/>')
         out.append(f'<text x="{lx + 18}" y="{ly}">{escape(labels[mode])}</text>')

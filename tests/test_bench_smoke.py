@@ -54,6 +54,7 @@ def test_bench_read_smoke(tmp_path: Path) -> None:
                 assert 0 < row["p50_us"] <= row["p99_us"] and row["ops_per_s"] > 0
                 if m != "kernel":
                     assert row["cpu_s_per_1e5_reads"] >= 0
+    assert set(r["cpu_s_per_1e5_reads"]) == set(modes) - {"kernel"}
     assert set(r["free_per_s"]) == set(modes)
     assert all(v > 0 for v in r["free_per_s"].values())
     assert set(r["rss_bytes"]) == set(modes) - {"kernel"}
