@@ -33,6 +33,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import queue
 import signal
 import statistics
 import subprocess
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # benchsupport and svgplot sit next to this file (the script's directory is on sys.path);
 # guestfs is the venv's installed package.
@@ -63,8 +65,11 @@ LABELS = {"kernel": "kernel", "lxcfs": "LXCFS", "guestfs": "guestfs per-caller",
 DAEMONS = MODES[1:]
 
 
-def _reader(path: str, ops: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
+def _reader(path: str, ops: int, ready: Any, go: Any, q: Any) -> None:
     lat = []
+    ready.release()
+    go.wait()
+    start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
     try:
         for _ in range(ops):
             t0 = time.perf_counter_ns()
@@ -75,29 +80,36 @@ def _reader(path: str, ops: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
     except OSError as e:
         q.put(f"{path}: {e}")
         return
-    q.put(lat)
+    q.put((start, time.perf_counter(), lat))
 
 
 def measure(path: str, ops: int, readers: int, daemon: int | None = None
             ) -> dict[str, float]:
-    """``readers`` processes each open+read+close ``path`` ``ops`` times; with ``daemon``,
+    """``readers`` processes each open+read+close ``path`` ``ops`` times, all let go at
+    once; reads/s is every read over the span from the first reader's start to the last
+    one's end (process start-up and the transfer of results left out). With ``daemon``,
     also that daemon's CPU seconds over the run, and per 10^5 reads."""
     ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_reader, args=(path, ops, q)) for _ in range(readers)]
-    cpu0 = cpu_seconds(daemon) if daemon else 0.0
-    t0 = time.perf_counter()
+    q, ready, go = ctx.Queue(), ctx.Semaphore(0), ctx.Event()
+    procs = [ctx.Process(target=_reader, args=(path, ops, ready, go, q))
+             for _ in range(readers)]
     try:
         for p in procs:
             p.start()
+        for _ in procs:
+            if not ready.acquire(timeout=30):
+                raise BenchError(f"the readers of {path} did not start")
+        cpu0 = cpu_seconds(daemon) if daemon else 0.0
+        go.set()
         got = []
         for _ in procs:
             while True:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(queue.Empty):
                     got.append(q.get(timeout=1))
                     break
                 if not any(p.is_alive() for p in procs) and q.empty():
                     raise BenchError(f"the readers of {path} died")
+        cpu = cpu_seconds(daemon) - cpu0 if daemon else 0.0
         for p in procs:
             p.join()
     finally:
@@ -105,16 +117,15 @@ def measure(path: str, ops: int, readers: int, daemon: int | None = None
             if p.is_alive():
                 p.kill()
                 p.join()
-    wall = time.perf_counter() - t0
     errors = [g for g in got if isinstance(g, str)]
     if errors:
         raise BenchError(errors[0])
-    lats = sorted(x for g in got for x in g)
+    wall = max(g[1] for g in got) - min(g[0] for g in got)
+    lats = sorted(x for g in got for x in g[2])
     r = {"p50_us": lats[len(lats) // 2] / 1000, "p99_us": lats[int(len(lats) * 0.99)] / 1000,
          "mean_us": statistics.fmean(lats) / 1000, "ops_per_s": len(lats) / wall,
          "reads": len(lats)}
     if daemon:
-        cpu = cpu_seconds(daemon) - cpu0
         r["daemon_cpu_s"] = cpu
         r["cpu_s_per_1e5_reads"] = cpu * 1e5 / len(lats)
     return r
