@@ -187,7 +187,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="whose cgroup a read reflects: the reading process (caller, the "
                         "default: per-container views even in a shared-pid pod), its "
                         "pid-namespace init (init, LXCFS's choice) or the daemon's own "
-                        "(self); an exited pid falls back to the next")
+                        "(self; what run uses by default); an exited pid falls back to "
+                        "the next")
     m.add_argument("--cgroup", metavar="PATH",
                    help="pin every read to this cgroup path (as /proc/<pid>/cgroup names it)")
     m.add_argument("--cache-ttl", type=seconds(0, strict=False), default=DEFAULT_CACHE_TTL,
@@ -230,11 +231,15 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.mountcmd import MountError, MountOptions, serve, setup_logging
 
     setup_logging(args.verbose)
+    if args.per_container and args.cgroup:
+        raise CliError("mount: --per-container serves every container's cgroup; it takes "
+                       "no --cgroup")
     explicit, rounding = explicit_from_args(args, dict(os.environ))
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
                         rounding, args.fuse_binding, args.allow_other, args.daemon,
                         args.pid_file, args.log_file,
-                        exit_when_unused=args.exit_when_unused)
+                        exit_when_unused=args.exit_when_unused,
+                        per_container=args.per_container)
     try:
         return serve(opts)
     except (MountError, BindingError, OSError) as e:
@@ -322,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-when-unused", action="store_true",
                    help="unmount and exit once no `guestfs run` uses this mount (run starts "
                         "its daemon so; docs/mount.md)")
+    p.add_argument("--per-container", action="store_true",
+                   help="serve one directory per container cgroup, MOUNTPOINT/<key>/proc/"
+                        "meminfo and so on (key: the cgroup path percent-encoded, "
+                        "docs/mount.md), each from the kernel's page cache, instead of "
+                        "LXCFS's per-caller layout")
     add_mount_options(p)
     add_limit_options(p, where=False)
     p.set_defaults(func=cmd_mount)
@@ -344,7 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ELAPSED agrees with the served uptime)")
     add_run_privilege_options(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
-    p.set_defaults(func=cmd_run)
+    # The app and the daemon run lives in share one cgroup: a fixed view, served from the
+    # kernel's page cache (docs/mount.md).
+    p.set_defaults(func=cmd_run, view="self")
 
     p = sub.add_parser("attach", help="bind the served files inside another process's mount "
                                       "namespace, and heal stale binds",
