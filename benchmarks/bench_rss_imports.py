@@ -22,6 +22,7 @@ short-lived reader processes (per-caller views are cached per reader).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -104,19 +105,16 @@ MOUNT_ORDER = ("/proc/meminfo", "/proc/cpuinfo", "/proc/stat", "/proc/uptime",
 
 READER = r"""
 import os, sys
-mp, n = sys.argv[1], int(sys.argv[2])
-files = [mp + f for f in sys.argv[3:]]
-for f in files:
-    for _ in range(n):
-        try:
-            fd = os.open(f, os.O_RDONLY)
-        except FileNotFoundError:
-            break
-        try:
-            while os.read(fd, 65536):
-                pass
-        finally:
-            os.close(fd)
+mp, n, order = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+files = [mp + f for f in sys.argv[4:] if os.path.exists(mp + f)]
+seq = [f for f in files for _ in range(n)] if order == "file-by-file" else files * n
+for f in seq:
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        while os.read(fd, 65536):
+            pass
+    finally:
+        os.close(fd)
 """
 
 
@@ -148,12 +146,12 @@ def fmt(s: dict[str, int]) -> str:
             f"file {s['RssFile'] / 1024:4.1f}) threads {s['Threads']}")
 
 
-def read_all(mp: str, n: int) -> None:
-    subprocess.run([sys.executable, "-I", "-S", "-c", READER, mp, str(n), *MOUNT_ORDER],
-                   check=True)
+def read_all(mp: str, n: int, order: str) -> None:
+    subprocess.run([sys.executable, "-I", "-S", "-c", READER, mp, str(n), order,
+                    *MOUNT_ORDER], check=True)
 
 
-def daemon_rss(args: list[str], reads: int, env: dict[str, str]) -> list[str]:
+def daemon_rss(args: list[str], reads: int, order: str, env: dict[str, str]) -> list[str]:
     sys.path.insert(0, str(REPO))
     from guestfs.mountcmd import is_guestfs_mount
     from tests.fusemount import force_unmount, wait_for
@@ -168,10 +166,10 @@ def daemon_rss(args: list[str], reads: int, env: dict[str, str]) -> list[str]:
             raise SystemExit(f"guestfs mount {mp} did not come up")
         time.sleep(1.0)  # the probe thread and the sampler's first round
         rows = [f"  serving:                {fmt(status(proc.pid))}"]
-        read_all(mp, reads)
+        read_all(mp, reads, order)
         rows.append(f"  {reads} reads of each:   {fmt(status(proc.pid))}")
         for _ in range(20):
-            read_all(mp, max(1, reads // 20))
+            read_all(mp, max(1, reads // 20), order)
         s = status(proc.pid)
         rows.append(f"  + 20 readers:          {fmt(s)}; peak {s['VmHWM'] / 1024:.1f} MiB")
         return rows
@@ -183,21 +181,17 @@ def daemon_rss(args: list[str], reads: int, env: dict[str, str]) -> list[str]:
             proc.kill()
             proc.wait()
         force_unmount(mp)
-        with_retry_rmdir(mp, base)
-
-
-def with_retry_rmdir(*dirs: str) -> None:
-    for d in dirs:
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
+        for d in (mp, base):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--min", type=int, default=64, help="hide imports under this many KiB")
     ap.add_argument("--reads", type=int, default=1000)
+    ap.add_argument("--order", choices=("round-robin", "file-by-file"), default="round-robin",
+                    help="every file in turn, or all reads of one file before the next")
     ap.add_argument("--no-daemon", action="store_true", help="only the import table")
     ap.add_argument("--no-imports", action="store_true", help="only the daemon's RSS")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
@@ -212,8 +206,8 @@ def main() -> int:
         return 0
     env = dict(kv.split("=", 1) for kv in a.env)
     for args in (["--cgroup", "/"], []):
-        print(f"\nguestfs mount MP {' '.join(args)}".rstrip())
-        print("\n".join(daemon_rss(args, a.reads, env)))
+        print(f"\nguestfs mount MP {' '.join(args)}".rstrip() + f" ({a.order})")
+        print("\n".join(daemon_rss(args, a.reads, a.order, env)))
     return 0
 
 
