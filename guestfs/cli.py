@@ -226,8 +226,10 @@ def add_run_privilege_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.fuse_binding import BindingError
+    from guestfs.lowmem import one_malloc_arena
     from guestfs.mountcmd import MountError, MountOptions, serve, setup_logging
 
+    one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose)
     explicit, rounding = explicit_from_args(args, dict(os.environ))
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
