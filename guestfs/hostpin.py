@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -47,25 +48,9 @@ class PinnedHost(HostRoot):
                 os.close(fd)
 
 
-def _private_dir(prefix: str) -> str:
-    """A new 0700 directory in $TMPDIR or /tmp, as tempfile.mkdtemp makes it: tempfile
-    imports shutil, random, bz2 and lzma, 0.8 MiB of the daemon's RSS for one directory
-    (benchmarks/bench_rss_imports.py)."""
-    base = os.environ.get("TMPDIR") or "/tmp"
-    if not os.path.isdir(base):
-        base = "/tmp"
-    while True:
-        path = os.path.join(os.path.abspath(base), prefix + os.urandom(6).hex())
-        try:
-            os.mkdir(path, 0o700)
-            return path
-        except FileExistsError:
-            continue
-
-
 def _open_from_private_instance(fstype: str, prefix: str, paths: list[str]) -> dict[str, int]:
     fds: dict[str, int] = {}
-    top = _private_dir(f"guestfs-{fstype}-")
+    top = tempfile.mkdtemp(prefix=f"guestfs-{fstype}-")
     try:
         sysmount.mount(fstype, top, fstype, 0x2 | 0x4 | 0x8)  # nosuid, nodev, noexec
         try:
