@@ -126,17 +126,22 @@ def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
     about to drop). Returns (its pid, the pipe end to signal it through).
 
     The child execs a fresh interpreter at once (``_boot.py --unmount-watcher``, nothing
-    but os and signal imported until it has to unmount) rather than wait in a fork of the
+    but os and sys imported until it has to unmount) rather than wait in a fork of the
     server: a fork shares the server's pages copy-on-write, and every page the server
     wrote afterwards became the watcher's own copy, 4.7 MiB of the container's memory
     after a few thousand reads and growing (docs/performance.md, "Daemon memory"). The
     signals it must outlive are ignored before the exec (ignored dispositions survive
-    it). Call it while single-threaded: the child runs Python until the exec."""
+    it). Where there is no interpreter to exec, the child waits as a plain fork. Call it
+    while single-threaded: the child runs Python after fork."""
     from guestfs._boot import UNMOUNT_WATCHER
-    from guestfs.selfexec import BOOT, interpreter
+    from guestfs.selfexec import BOOT, SelfExecError, interpreter
 
     r, w = os.pipe()
-    argv = [interpreter(), "-I", "-S", BOOT, UNMOUNT_WATCHER, str(r), m.mountpoint]
+    try:
+        argv: list[str] | None = [interpreter(), "-I", "-S", BOOT, UNMOUNT_WATCHER, str(r),
+                                  m.mountpoint]
+    except SelfExecError:
+        argv = None
     pid = os.fork()
     if pid == 0:  # the watcher
         try:
@@ -144,10 +149,17 @@ def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
             os.close(m.fd)  # the server's connection must close when the server's does
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
                 signal.signal(sig, signal.SIG_IGN)  # a terminal's ^C must not skip cleanup
-            os.set_inheritable(r, True)
-            os.execv(argv[0], argv)
+            if argv is not None:
+                with contextlib.suppress(OSError):
+                    os.set_inheritable(r, True)
+                    os.execv(argv[0], argv)
+            # b"u": the server stopped cleanly. EOF without it: the server was killed;
+            # the stale mount is then left for the next start to detach, as before.
+            if os.read(r, 1) == b"u":
+                detach(m.mountpoint)
         except BaseException:  # noqa: BLE001 - never return into the server's code
             os._exit(1)
+        os._exit(0)
     os.close(r)
     return pid, w
 
