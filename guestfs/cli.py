@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from guestfs import __version__
+from guestfs import DEFAULT_MOUNTPOINT, __version__
 from guestfs.daemon_status import format_status, read_status
 from guestfs.explain import json_text, to_json, to_text
 from guestfs.explicit import (
@@ -24,7 +24,6 @@ from guestfs.hostroot import HostReadError, HostRoot
 from guestfs.limits import ROUNDINGS, EffectiveLimits, effective_limits
 from guestfs.oneline import one_line
 from guestfs.proc_cgroup import PidGone
-from guestfs.runcmd import DEFAULT_MOUNTPOINT
 from guestfs.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.snapshot import Snapshot, read_snapshot
 from guestfs.view import SERVED_FILES, render_file
@@ -228,8 +227,10 @@ def add_run_privilege_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.fuse_binding import BindingError
+    from guestfs.lowmem import one_malloc_arena
     from guestfs.mountcmd import MountError, MountOptions, serve, setup_logging
 
+    one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose)
     if args.per_container and args.cgroup:
         raise CliError("mount: --per-container serves every container's cgroup; it takes "

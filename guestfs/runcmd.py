@@ -22,7 +22,6 @@ from guestfs.selfexec import guestfs_argv
 from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
 
 log = logging.getLogger("guestfs.run")
-DEFAULT_MOUNTPOINT = "/run/guestfs"  # guestfs run's mount, and attach's default source
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2, signal.SIGWINCH)
 

@@ -247,8 +247,8 @@ def test_a_third_run_after_both_left_starts_a_new_daemon(tmp_path, apps):
 
 
 def all_daemons(mp: str) -> list[psutil.Process]:
-    """Serving daemons at ``mp``; not their unmount watchers (forks of a daemon, with its
-    command line, that keep the right to unmount: docs/mount.md)."""
+    """Serving daemons at ``mp``; not their unmount watchers (children of a daemon that
+    keep the right to unmount: docs/mount.md)."""
     procs = [p for p in psutil.process_iter(["cmdline", "ppid"])
              if (c := p.info["cmdline"] or []) and "mount" in c and mp in c]
     pids = {p.pid for p in procs}
