@@ -268,15 +268,15 @@ def cmd_attach(args: argparse.Namespace) -> int:
     setup_logging(args.verbose)
     try:
         if args.watch:
-            watch(args.pid or None, args.source, args.interval)
+            watch(args.pid or None, args.source, args.interval, args.per_container)
             return 0
         if not args.pid:
             raise CliError("attach: give --pid PID (or --watch to follow every other mount "
                            "namespace)")
         for pid in args.pid:
-            res = attach(pid, args.source)
+            res = attach(pid, args.source, per_container=args.per_container)
             print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)} "
-                  f"({res.method})")
+                  f"({res.method}) from {res.source}")
     except OSError as e:  # AttachError: already one line naming the pid and the file
         raise CliError(str(e)) from e
     return 0
@@ -352,13 +352,23 @@ def build_parser() -> argparse.ArgumentParser:
                                    "SOURCE/sys/... over /proc and /sys there, replacing binds "
                                    "left stale by a daemon that died. With --watch, repeat "
                                    "every --interval seconds for the given pids or for every "
-                                   "other mount namespace (the sidecar pattern).")
+                                   "other mount namespace (the sidecar pattern). On a "
+                                   "per-container mount (no SOURCE/proc, a SOURCE/<key> for "
+                                   "PID's cgroup) the files are SOURCE/<key>/proc/...")
     p.add_argument("--pid", type=int, action="append", default=[],
                    help="a process whose mount namespace gets the binds (repeatable)")
     p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
                    help="the guestfs mount: in attach's own mount namespace (its files are "
                         "moved into the target's), else as seen inside the target's "
                         "(default /run/guestfs)")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--per-container", dest="per_container", action="store_true",
+                        default=None,
+                        help="SOURCE is a `guestfs mount --per-container` mount: bind "
+                             "SOURCE/<key of PID's cgroup>/... (default: detected)")
+    layout.add_argument("--shared", dest="per_container", action="store_false",
+                        help="SOURCE has the shared layout, SOURCE/proc/... (default: "
+                             "detected)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
     p.add_argument("--interval", type=seconds(0, strict=True), default=2.0,
                    help="seconds between rounds (> 0)")
