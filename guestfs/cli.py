@@ -286,7 +286,7 @@ def cmd_oci_hook(args: argparse.Namespace) -> int:
     from guestfs.ocihook import main as hook_main
 
     return hook_main(args.source, args.strict, args.per_container, args.timeout,
-                     verbose=args.verbose)
+                     verbose=args.verbose, log_file=args.log_file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -408,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give up after this many seconds (a stopped daemon; default 5)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also log one line when the files were bound")
+    p.add_argument("--log-file", metavar="FILE",
+                   help="also append the log line here (runtimes drop the output of a hook "
+                        "that exits 0)")
     p.set_defaults(func=cmd_oci_hook)
     return parser
 

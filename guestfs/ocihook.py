@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from guestfs import sysmount
 from guestfs.attach import attach_in_child, check_target, run_in_child
 from guestfs.containerdirs import BadKey, container_cgroup, dir_key
+from guestfs.oneline import one_line
 from guestfs.proc_cgroup import parse_proc_cgroup
 
 DEFAULT_SOURCE = "/var/lib/guestfs"   # the DaemonSet's mount (LXCFS's /var/lib/lxcfs)
@@ -160,26 +161,38 @@ def hook(state: dict[str, Any], source: str, per_container: bool | None = None,
 
 def main(source: str = DEFAULT_SOURCE, strict: bool = False,
          per_container: bool | None = None, timeout: float = DEFAULT_TIMEOUT,
-         stdin: TextIO | None = None, verbose: bool = False) -> int:
+         stdin: TextIO | None = None, verbose: bool = False,
+         log_file: str | None = None) -> int:
     """The command: 0 when bound, or (not strict) when it could not bind, after one line
-    on stderr saying why; 1 on failure with ``strict``."""
+    on stderr (and appended to ``log_file``) saying why; 1 on failure with ``strict``."""
     cid = "?"
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+        if log_file:
+            try:
+                with open(log_file, "a") as f:
+                    f.write(line + "\n")
+            except OSError as e:
+                print(f"guestfs oci-hook: --log-file {log_file}: {e.strerror or e}",
+                      file=sys.stderr)
+
     try:
         state = read_state(stdin or sys.stdin)
         cid = re.sub(r"[^\w.-]", "?", str(state.get("id", "?")))[:64]
         res = hook(state, source, per_container, timeout)
         if res["refused"]:
             raise HookError("refused " + "; ".join(res["refused"]))
-    except (HookError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - fail-open: nothing may stop the container
+        why = str(e) if isinstance(e, (HookError, OSError)) else f"{type(e).__name__}: {e}"
         what = "failed" if strict else "not bound, the container starts with the kernel's files"
-        print(f"guestfs oci-hook: container {cid}: {e} ({what})", file=sys.stderr)
+        say(f"guestfs oci-hook: container {cid}: {one_line(why)} ({what})")
         return 1 if strict else 0
     if not res["bound"] and not res["healthy"]:
         # Nothing to bind (a root without /proc files): not an error, but say so.
-        print(f"guestfs oci-hook: container {cid}: no target file under its root",
-              file=sys.stderr)
+        say(f"guestfs oci-hook: container {cid}: no target file under its root")
     elif verbose:
-        print(f"guestfs oci-hook: container {cid}: bound {len(res['bound'])}, already live "
-              f"{len(res['healthy'])} ({res['method']}) from {res['source']}", file=sys.stderr)
+        say(f"guestfs oci-hook: container {cid}: bound {len(res['bound'])}, already live "
+            f"{len(res['healthy'])} ({res['method']}) from {res['source']}")
     return 0
 
