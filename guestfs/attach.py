@@ -32,7 +32,9 @@ import select
 import signal
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from guestfs import sysmount
 from guestfs.containerdirs import BadKey, key_of_cgroup_text
@@ -332,7 +334,8 @@ def attach_in_child(pid: int | None, source_root: str, key: str | None = None,
     return res
 
 
-def run_in_child(body, timeout: float = CHILD_TIMEOUT) -> dict:
+def run_in_child(body: Callable[[], dict[str, Any]],
+                 timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
     """``body()`` in a forked, single-threaded child (setns needs one; a FUSE request to a
     stopped daemon must not hang us): its dict result, or AttachError with its one-line
     failure, or after ``timeout`` seconds."""
@@ -356,7 +359,7 @@ def run_in_child(body, timeout: float = CHILD_TIMEOUT) -> dict:
     return out["ok"]
 
 
-def _run_child(w: int, body) -> None:
+def _run_child(w: int, body: Callable[[], dict[str, Any]]) -> None:
     try:
         out = {"ok": body()}
         code = 0

@@ -144,3 +144,18 @@ def test_fail_open_on_garbage_and_a_missing_mount(tmp_path, capsys):
     assert ocihook.main(str(tmp_path), stdin=io.StringIO(json.dumps(state)),
                         log_file=str(log)) == 0
     assert log.read_text().startswith("guestfs oci-hook: container c1: ")
+
+
+def test_the_installed_command_never_imports_from_its_working_directory(tmp_path):
+    """The runtime starts the hook with the image's root as its working directory: a
+    `guestfs` package planted there must not be what runs as root."""
+    exe = os.path.join(os.path.dirname(sys.executable), "guestfs")
+    planted = tmp_path / "guestfs"
+    planted.mkdir()
+    for name in ("__init__.py", "__main__.py", "cli.py", "ocihook.py"):
+        (planted / name).write_text("raise SystemExit(99)\n")
+    out = subprocess.run([exe, "oci-hook", "--source", str(tmp_path)], input="{}",
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("guestfs oci-hook: container ?: ")
