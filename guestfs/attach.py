@@ -118,8 +118,13 @@ def source_dir(mount: str, key: str | None, per_container: bool | None = None) -
     no ``proc`` directory but one named ``key`` is per-container."""
     base = mount.rstrip("/") or "/"
     if per_container is None:
-        per_container = (key is not None and not _exists(base + "/proc")
-                         and _exists(f"{base}/{key}"))
+        if key is None or _exists(base + "/proc"):
+            per_container = False
+        elif _exists(f"{base}/{key}"):
+            per_container = True
+        else:
+            raise AttachError(f"source {mount} holds no served file: neither "
+                              f"{base.rstrip('/')}/proc nor the container's directory {key}")
     if not per_container:
         return base
     if key is None:

@@ -59,6 +59,10 @@ def test_attach_binds_the_targets_own_directory():
                 assert again.returncode == 0, again.stderr
                 assert "bound 0," in again.stdout and f"from {mp}/{key}" in again.stdout
                 assert decoy.poll() is None
+            # Without the target's directory (and no MP/proc) the error names both.
+            pcm_less = guestfs_attach("--pid", str(app.pid), "--source", top)
+            assert pcm_less.returncode == 1
+            assert "neither" in pcm_less.stderr and "container's directory" in pcm_less.stderr
         finally:
             app.kill()
             app.wait()

@@ -114,7 +114,7 @@ def test_hook_binds_the_containers_own_files(image, cgroupns):
         if cid is not None:
             subprocess.run(["podman", "rm", "-f", cid], capture_output=True, timeout=120)
         shutil.rmtree(top, ignore_errors=True)
-    if cgroupns == "host":
+    if cgroupns == "host" and not pcm.real:  # the emulation's guess of the cgroup, checked
         assert out.stdout.splitlines()[-1].endswith(f":memory:{cgroup}"), out.stdout
     assert memtotal_and_free(out.stdout) == ("MemTotal:         524288 kB", "512"), \
         (out.stdout, log)
