@@ -104,9 +104,11 @@ def container_key(pid: int | str) -> str:
 
 
 def _exists(path: str) -> bool:
+    """Whether ``path`` is there (no symlink followed); other errors than ENOENT (a dead
+    mount's ENOTCONN) are raised."""
     try:
         os.close(sysmount.open_nofollow(path))
-    except OSError:
+    except FileNotFoundError:
         return False
     return True
 
@@ -118,13 +120,19 @@ def source_dir(mount: str, key: str | None, per_container: bool | None = None) -
     no ``proc`` directory but one named ``key`` is per-container."""
     base = mount.rstrip("/") or "/"
     if per_container is None:
-        if key is None or _exists(base + "/proc"):
-            per_container = False
-        elif _exists(f"{base}/{key}"):
-            per_container = True
-        else:
-            raise AttachError(f"source {mount} holds no served file: neither "
-                              f"{base.rstrip('/')}/proc nor the container's directory {key}")
+        try:
+            if key is None or _exists(base + "/proc"):
+                per_container = False
+            elif _exists(f"{base}/{key}"):
+                per_container = True
+            else:
+                raise AttachError(f"source {mount} holds no served file: neither "
+                                  f"{base.rstrip('/')}/proc nor the container's directory "
+                                  f"{key}")
+        except AttachError:
+            raise
+        except OSError:
+            per_container = False  # a dead or unreadable mount: open_sources says which
     if not per_container:
         return base
     if key is None:
