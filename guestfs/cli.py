@@ -274,18 +274,25 @@ def cmd_attach(args: argparse.Namespace) -> int:
     setup_logging(args.verbose)
     try:
         if args.watch:
-            watch(args.pid or None, args.source, args.interval)
+            watch(args.pid or None, args.source, args.interval, args.per_container)
             return 0
         if not args.pid:
             raise CliError("attach: give --pid PID (or --watch to follow every other mount "
                            "namespace)")
         for pid in args.pid:
-            res = attach(pid, args.source)
+            res = attach(pid, args.source, per_container=args.per_container)
             print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)} "
-                  f"({res.method})")
+                  f"({res.method}) from {res.source}")
     except OSError as e:  # AttachError: already one line naming the pid and the file
         raise CliError(str(e)) from e
     return 0
+
+
+def cmd_oci_hook(args: argparse.Namespace) -> int:
+    from guestfs.ocihook import main as hook_main
+
+    return hook_main(args.source, args.strict, args.per_container, args.timeout,
+                     verbose=args.verbose, log_file=args.log_file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -365,18 +372,59 @@ def build_parser() -> argparse.ArgumentParser:
                                    "SOURCE/sys/... over /proc and /sys there, replacing binds "
                                    "left stale by a daemon that died. With --watch, repeat "
                                    "every --interval seconds for the given pids or for every "
-                                   "other mount namespace (the sidecar pattern).")
+                                   "other mount namespace (the sidecar pattern). On a "
+                                   "per-container mount (no SOURCE/proc, a SOURCE/<key> for "
+                                   "PID's cgroup) the files are SOURCE/<key>/proc/...")
     p.add_argument("--pid", type=int, action="append", default=[],
                    help="a process whose mount namespace gets the binds (repeatable)")
     p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
                    help="the guestfs mount: in attach's own mount namespace (its files are "
                         "moved into the target's), else as seen inside the target's "
                         "(default /run/guestfs)")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--per-container", dest="per_container", action="store_true",
+                        default=None,
+                        help="SOURCE is a `guestfs mount --per-container` mount: bind "
+                             "SOURCE/<key of PID's cgroup>/... (default: detected)")
+    layout.add_argument("--shared", dest="per_container", action="store_false",
+                        help="SOURCE has the shared layout, SOURCE/proc/... (default: "
+                             "detected)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
     p.add_argument("--interval", type=seconds(0, strict=True), default=2.0,
                    help="seconds between rounds (> 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_attach)
+
+    p = sub.add_parser("oci-hook", help="OCI createContainer hook: bind the files over a new "
+                                        "container's /proc and /sys (podman, CRI-O hooks.d)",
+                       description="Read the OCI state on stdin, find the container's root "
+                                   "in BUNDLE/config.json and bind SOURCE/<key>/proc/... (a "
+                                   "per-container mount) or SOURCE/proc/... over "
+                                   "ROOT/proc/... and ROOT/sys/... inside the container's "
+                                   "mount namespace. Fail-open: when it cannot (no guestfs "
+                                   "mount, no directory for the container), it logs one line "
+                                   "and exits 0 so the container starts with the kernel's "
+                                   "files. Example hooks.d file: "
+                                   "container/oci-hooks.d/guestfs.json.")
+    p.add_argument("--source", default="/var/lib/guestfs",
+                   help="the guestfs mount, in the runtime's mount namespace (default "
+                        "/var/lib/guestfs, the DaemonSet's)")
+    p.add_argument("--strict", action="store_true",
+                   help="fail the container's start when the files cannot be bound")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--per-container", dest="per_container", action="store_true",
+                        default=None, help="SOURCE is a per-container mount (default: "
+                                           "detected)")
+    layout.add_argument("--shared", dest="per_container", action="store_false",
+                        help="SOURCE has the shared layout (default: detected)")
+    p.add_argument("--timeout", type=seconds(0, strict=True), default=5.0,
+                   help="give up after this many seconds (a stopped daemon; default 5)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also log one line when the files were bound")
+    p.add_argument("--log-file", metavar="FILE",
+                   help="also append the log line here (runtimes drop the output of a hook "
+                        "that exits 0)")
+    p.set_defaults(func=cmd_oci_hook)
     return parser
 
 
