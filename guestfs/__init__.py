@@ -1,3 +1,7 @@
 """guestfs: cgroup-aware /proc and /sys files served from inside a container."""
 
 __version__ = "0.1.0"
+
+# guestfs run's mount, and attach's default source. Here rather than in runcmd so that the
+# command line (and the daemon, which parses one) need not import runcmd.
+DEFAULT_MOUNTPOINT = "/run/guestfs"

@@ -7,14 +7,22 @@ package is loaded from this file's own directory, the very code that started it.
 empty ``guestfs/`` there cannot shadow an editable install.
 
 Usage: python -I /path/to/guestfs/_boot.py ARGS... (ARGS as for the guestfs command).
+
+The daemon's unmount watcher (guestfs.privileges) runs it as
+``python -I -S _boot.py --unmount-watcher FD MOUNTPOINT``: it waits on FD with nothing
+but os and sys imported, since its memory counts in the daemon's container, and loads the
+package only to unmount.
 """
 
-import importlib.util
 import os
 import sys
 
+UNMOUNT_WATCHER = "--unmount-watcher"
+
 
 def _load_own_package() -> None:
+    import importlib.util
+
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location(
         "guestfs", os.path.join(here, "__init__.py"), submodule_search_locations=[here])
@@ -32,5 +40,20 @@ def main(argv: list[str]) -> int:
     return cli_main(argv)
 
 
+def unmount_watcher(fd: str, mountpoint: str) -> int:
+    """b"u" on ``fd``: the server stopped cleanly, detach its mount. EOF without it: the
+    server was killed, and the stale mount is left for the next start to detach. The
+    server set SIGINT, SIGTERM, SIGHUP and SIGQUIT to be ignored before the exec."""
+    if os.read(int(fd), 1) != b"u":
+        return 0
+    _load_own_package()
+    from guestfs.privileges import detach
+
+    detach(mountpoint)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == [UNMOUNT_WATCHER]:
+        raise SystemExit(unmount_watcher(*sys.argv[2:4]))
     raise SystemExit(main(sys.argv[1:]))

@@ -32,9 +32,12 @@ import select
 import signal
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from guestfs import sysmount
+from guestfs.containerdirs import BadKey, key_of_cgroup_text
 from guestfs.view import BOUND_BY_DEFAULT
 
 log = logging.getLogger("guestfs.attach")
@@ -58,6 +61,7 @@ class AttachResult:
     bound: tuple[str, ...]     # files (re)bound this time
     healthy: tuple[str, ...]   # files already served by a live bind
     method: str = "bind"       # "move_mount" or "bind"
+    source: str = ""           # the directory the files came from (MP or MP/<key>)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,56 @@ def check_target(pid: int) -> None:
         raise AttachError(f"pid {pid} shares attach's own mount namespace: refusing to bind "
                           "over our own /proc and /sys (give the pid of an app in another "
                           "namespace)")
+
+
+def container_key(pid: int | str) -> str:
+    """The per-container directory name of ``pid``'s container (containerdirs.dir_key of
+    its cgroup path, as /proc/<pid>/cgroup shows it to us)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            key = key_of_cgroup_text(f.read())
+    except (OSError, BadKey) as e:
+        raise AttachError(f"pid {pid}: no container key from its cgroup: {e}") from e
+    if key is None:
+        raise AttachError(f"pid {pid}: no memory or cgroup v2 line in its cgroup file")
+    return key
+
+
+def _exists(path: str) -> bool:
+    """Whether ``path`` is there (no symlink followed); other errors than ENOENT (a dead
+    mount's ENOTCONN) are raised."""
+    try:
+        os.close(sysmount.open_nofollow(path))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def source_dir(mount: str, key: str | None, per_container: bool | None = None) -> str:
+    """Where the files to bind are under the guestfs mount ``mount``: ``mount`` itself for
+    the shared layout (``mount/proc/meminfo``), ``mount/<key>`` for a per-container one
+    (``guestfs mount --per-container``). ``per_container`` None detects it: a mount with
+    no ``proc`` directory but one named ``key`` is per-container."""
+    base = mount.rstrip("/") or "/"
+    if per_container is None:
+        try:
+            if key is None or _exists(base + "/proc"):
+                per_container = False
+            elif _exists(f"{base}/{key}"):
+                per_container = True
+            else:
+                raise AttachError(f"source {mount} holds no served file: neither "
+                                  f"{base.rstrip('/')}/proc nor the container's directory "
+                                  f"{key}")
+        except AttachError:
+            raise
+        except OSError:
+            per_container = False  # a dead or unreadable mount: open_sources says which
+    if not per_container:
+        return base
+    if key is None:
+        raise AttachError(f"source {mount}: per-container layout but no container key")
+    return f"{base.rstrip('/')}/{key}"
 
 
 def open_sources(root: str) -> dict[str, SourceFile]:
@@ -140,12 +194,12 @@ def clone_sources(sources: dict[str, SourceFile]) -> dict[str, int] | None:
     return trees
 
 
-def _open_target(f: str) -> int | None:
-    """An O_PATH fd on target ``f``, or None when this kernel has no such file. Raises
-    AttachError when ``f`` or a directory above it is a symlink, or not a regular file
-    on the filesystem it belongs to."""
+def _open_target(f: str, root_fd: int | None = None) -> int | None:
+    """An O_PATH fd on target ``f`` (below ``root_fd`` when given), or None when this
+    kernel has no such file. Raises AttachError when ``f`` or a directory above it is a
+    symlink, or not a regular file on the filesystem it belongs to."""
     try:
-        fd = sysmount.open_nofollow(f)
+        fd = sysmount.open_nofollow(f, root_fd)
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -190,10 +244,11 @@ def _ident(fd: int) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _attach_one(f: str, src: SourceFile, tree: int | None) -> str | None:
-    """Bind ``src`` over ``f`` unless a live bind of it is already there. Returns
-    'bound', 'healthy', or None (no such file here)."""
-    fd = _open_target(f)
+def _attach_one(f: str, src: SourceFile, tree: int | None,
+                root_fd: int | None = None) -> str | None:
+    """Bind ``src`` over ``f`` (below ``root_fd`` when given) unless a live bind of it is
+    already there. Returns 'bound', 'healthy', or None (no such file here)."""
+    fd = _open_target(f, root_fd)
     for _ in range(MAX_STACKED):
         if fd is None:
             return None
@@ -209,7 +264,7 @@ def _attach_one(f: str, src: SourceFile, tree: int | None) -> str | None:
             sysmount.umount_fd(fd)
         finally:
             os.close(fd)
-        fd = _open_target(f)
+        fd = _open_target(f, root_fd)
     else:
         if fd is None:
             return None
@@ -227,35 +282,15 @@ def _attach_one(f: str, src: SourceFile, tree: int | None) -> str | None:
         os.close(fd)
 
 
-def attach_in_child(pid: int, source_root: str) -> dict[str, object]:
-    """The body of attach(), in a single-threaded forked child: find the sources (our own
-    namespace first), enter ``pid``'s mount namespace, bind. Returns what happened."""
-    procfd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    sources: dict[str, SourceFile] | None
-    try:
-        sources = open_sources(source_root)
-        trees = clone_sources(sources)
-    except AttachError as e:
-        log.debug("not live in our namespace (%s): using pid %d's", e, pid)
-        sources, trees = None, None
-    try:
-        sysmount.enter_mount_namespace(pid)
-    except OSError as e:
-        raise AttachError(f"cannot enter its mount namespace: {os.strerror(e.errno)} (setns needs "
-                          "CAP_SYS_ADMIN over it and CAP_SYS_CHROOT)") from e
-    os.fchdir(procfd)  # sysmount's fd helpers name fds through our own /proc
-    if trees is None:
-        if sources is not None:
-            _close_all(sources)
-        try:
-            sources = open_sources(source_root)
-        except AttachError as e:
-            raise AttachError(f"{e}, neither in attach's mount namespace nor in pid {pid}'s "
-                              "(is the daemon running?)") from e
+def bind_sources(sources: dict[str, SourceFile], trees: dict[str, int] | None,
+                 root_fd: int | None = None) -> dict[str, list[str]]:
+    """Bind every source over its target in the current mount namespace (below
+    ``root_fd`` when given); the cwd must be our own /proc. Unsafe targets are refused
+    one by one, their neighbours still bound."""
     bound, healthy, refused = [], [], []
     for f, src in sources.items():
         try:
-            state = _attach_one(f, src, trees.get(f) if trees else None)
+            state = _attach_one(f, src, trees.get(f) if trees else None, root_fd)
         except OSError as e:
             refused.append(str(e) if isinstance(e, AttachError) else f"{f}: {e.strerror}")
             continue
@@ -263,13 +298,83 @@ def attach_in_child(pid: int, source_root: str) -> dict[str, object]:
             bound.append(f)
         elif state == "healthy":
             healthy.append(f)
-    return {"bound": bound, "healthy": healthy, "refused": refused,
-            "method": "bind" if trees is None else "move_mount"}
+    return {"bound": bound, "healthy": healthy, "refused": refused}
 
 
-def _run_child(w: int, pid: int, source_root: str) -> None:
+def attach_in_child(pid: int | None, source_root: str, key: str | None = None,
+                    per_container: bool | None = None, root: str = "/") -> dict[str, object]:
+    """The body of attach(), in a single-threaded forked child: find the sources (our own
+    namespace first), enter ``pid``'s mount namespace (``pid`` None: stay in ours), bind
+    below ``root`` there. Returns what happened."""
+    procfd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    sources: dict[str, SourceFile] | None
+    src_dir = source_root
     try:
-        out = {"ok": attach_in_child(pid, source_root)}
+        src_dir = source_dir(source_root, key, per_container)
+        sources = open_sources(src_dir)
+        trees = clone_sources(sources)
+    except AttachError as e:
+        if pid is None:
+            raise
+        log.debug("not live in our namespace (%s): using pid %d's", e, pid)
+        sources, trees = None, None
+    if pid is not None:
+        try:
+            sysmount.enter_mount_namespace(pid)
+        except OSError as e:
+            raise AttachError(f"cannot enter its mount namespace: {os.strerror(e.errno)} "
+                              "(setns needs CAP_SYS_ADMIN over it and CAP_SYS_CHROOT)") from e
+    os.fchdir(procfd)  # sysmount's fd helpers name fds through our own /proc
+    if trees is None:
+        if sources is not None:
+            _close_all(sources)
+        try:
+            src_dir = source_dir(source_root, key, per_container)
+            sources = open_sources(src_dir)
+        except AttachError as e:
+            raise AttachError(f"{e}, neither in attach's mount namespace nor in pid {pid}'s "
+                              "(is the daemon running?)") from e
+    root_fd = None
+    if root.rstrip("/"):
+        # The container's root as its runtime named it (a trusted path: symlinks there
+        # are the operator's); below it every component is walked with O_NOFOLLOW.
+        try:
+            root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise AttachError(f"root {root}: {e.strerror or e}") from e
+    res: dict[str, object] = dict(bind_sources(sources, trees, root_fd))
+    res.update(method="bind" if trees is None else "move_mount", source=src_dir)
+    return res
+
+
+def run_in_child(body: Callable[[], dict[str, Any]],
+                 timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
+    """``body()`` in a forked, single-threaded child (setns needs one; a FUSE request to a
+    stopped daemon must not hang us): its dict result, or AttachError with its one-line
+    failure, or after ``timeout`` seconds."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        _run_child(w, body)
+    os.close(w)
+    try:
+        raw = _read_child(r, child, timeout)
+    finally:
+        os.close(r)
+    os.waitpid(child, 0)
+    try:
+        out = json.loads(raw.decode() or "{}")
+    except ValueError:
+        out = {}
+    if "ok" not in out:
+        raise AttachError(out.get("error", "failed"))
+    return out["ok"]
+
+
+def _run_child(w: int, body: Callable[[], dict[str, Any]]) -> None:
+    try:
+        out = {"ok": body()}
         code = 0
     except BaseException as e:  # noqa: BLE001 - report any failure to the parent
         msg = str(e) if isinstance(e, AttachError) else f"{type(e).__name__}: {e}"
@@ -296,35 +401,30 @@ def _read_child(r: int, child: int, timeout: float) -> bytes:
         chunks.append(data)
 
 
-def attach(pid: int, source_root: str, timeout: float = CHILD_TIMEOUT) -> AttachResult:
+def attach(pid: int, source_root: str, timeout: float = CHILD_TIMEOUT,
+           per_container: bool | None = None) -> AttachResult:
     """Bind the files under ``source_root`` inside ``pid``'s mount namespace (a forked
     child does the setns, since a process with threads cannot join a mount namespace).
-    Raises AttachError, one line, when refused, when the mount is live nowhere, or when
-    a target is unsafe (its safe neighbours are bound all the same)."""
+    On a per-container mount (``per_container``, None: detected) the files are those of
+    ``source_root/<key of pid's cgroup>``. Raises AttachError, one line, when refused,
+    when the mount is live nowhere, or when a target is unsafe (its safe neighbours are
+    bound all the same)."""
     check_target(pid)
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.close(r)
-        _run_child(w, pid, source_root)
-    os.close(w)
     try:
-        raw = _read_child(r, child, timeout)
+        key = container_key(pid) if per_container is not False else None
+    except AttachError:
+        if per_container:
+            raise
+        key = None  # no key: only the shared layout can serve this pid
+    try:
+        res = run_in_child(lambda: attach_in_child(pid, source_root, key, per_container),
+                           timeout)
     except AttachError as e:
         raise AttachError(f"attach to pid {pid}: {e}") from None
-    finally:
-        os.close(r)
-    os.waitpid(child, 0)
-    try:
-        out = json.loads(raw.decode() or "{}")
-    except ValueError:
-        out = {}
-    if "ok" not in out:
-        raise AttachError(f"attach to pid {pid}: {out.get('error', 'failed')}")
-    res = out["ok"]
     if res["refused"]:
         raise AttachError(f"attach to pid {pid}: " + "; ".join(res["refused"]))
-    return AttachResult(pid, tuple(res["bound"]), tuple(res["healthy"]), res["method"])
+    return AttachResult(pid, tuple(res["bound"]), tuple(res["healthy"]), res["method"],
+                        res["source"])
 
 
 def mount_ns(pid: int | str) -> str | None:
@@ -347,7 +447,8 @@ def other_namespaces() -> dict[str, int]:
     return found
 
 
-def watch(pids: list[int] | None, source_root: str, interval: float = 2.0) -> None:
+def watch(pids: list[int] | None, source_root: str, interval: float = 2.0,
+          per_container: bool | None = None) -> None:
     """Attach to ``pids`` (or to every other mount namespace) every ``interval`` seconds:
     new app processes get binds, stale binds from a dead daemon are replaced."""
     for pid in pids or ():
@@ -356,7 +457,7 @@ def watch(pids: list[int] | None, source_root: str, interval: float = 2.0) -> No
         targets = pids if pids else list(other_namespaces().values())
         for pid in targets:
             try:
-                res = attach(pid, source_root)
+                res = attach(pid, source_root, per_container=per_container)
             except OSError as e:
                 log.warning("%s", e)
                 continue

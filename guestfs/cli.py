@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from guestfs import __version__
+from guestfs import DEFAULT_MOUNTPOINT, __version__
 from guestfs.daemon_status import format_status, read_status
 from guestfs.explain import json_text, to_json, to_text
 from guestfs.explicit import (
@@ -24,7 +24,6 @@ from guestfs.hostroot import HostReadError, HostRoot
 from guestfs.limits import ROUNDINGS, EffectiveLimits, effective_limits
 from guestfs.oneline import one_line
 from guestfs.proc_cgroup import PidGone
-from guestfs.runcmd import DEFAULT_MOUNTPOINT
 from guestfs.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.snapshot import Snapshot, read_snapshot
 from guestfs.view import SERVED_FILES, render_file
@@ -187,7 +186,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="whose cgroup a read reflects: the reading process (caller, the "
                         "default: per-container views even in a shared-pid pod), its "
                         "pid-namespace init (init, LXCFS's choice) or the daemon's own "
-                        "(self); an exited pid falls back to the next")
+                        "(self; what run uses by default); an exited pid falls back to "
+                        "the next")
     m.add_argument("--cgroup", metavar="PATH",
                    help="pin every read to this cgroup path (as /proc/<pid>/cgroup names it)")
     m.add_argument("--cache-ttl", type=seconds(0, strict=False), default=DEFAULT_CACHE_TTL,
@@ -227,14 +227,20 @@ def add_run_privilege_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.fuse_binding import BindingError
+    from guestfs.lowmem import one_malloc_arena
     from guestfs.mountcmd import MountError, MountOptions, serve, setup_logging
 
+    one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose)
+    if args.per_container and args.cgroup:
+        raise CliError("mount: --per-container serves every container's cgroup; it takes "
+                       "no --cgroup")
     explicit, rounding = explicit_from_args(args, dict(os.environ))
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
                         rounding, args.fuse_binding, args.allow_other, args.daemon,
                         args.pid_file, args.log_file,
-                        exit_when_unused=args.exit_when_unused)
+                        exit_when_unused=args.exit_when_unused,
+                        per_container=args.per_container)
     try:
         return serve(opts)
     except (MountError, BindingError, OSError) as e:
@@ -268,18 +274,25 @@ def cmd_attach(args: argparse.Namespace) -> int:
     setup_logging(args.verbose)
     try:
         if args.watch:
-            watch(args.pid or None, args.source, args.interval)
+            watch(args.pid or None, args.source, args.interval, args.per_container)
             return 0
         if not args.pid:
             raise CliError("attach: give --pid PID (or --watch to follow every other mount "
                            "namespace)")
         for pid in args.pid:
-            res = attach(pid, args.source)
+            res = attach(pid, args.source, per_container=args.per_container)
             print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)} "
-                  f"({res.method})")
+                  f"({res.method}) from {res.source}")
     except OSError as e:  # AttachError: already one line naming the pid and the file
         raise CliError(str(e)) from e
     return 0
+
+
+def cmd_oci_hook(args: argparse.Namespace) -> int:
+    from guestfs.ocihook import main as hook_main
+
+    return hook_main(args.source, args.strict, args.per_container, args.timeout,
+                     verbose=args.verbose, log_file=args.log_file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-when-unused", action="store_true",
                    help="unmount and exit once no `guestfs run` uses this mount (run starts "
                         "its daemon so; docs/mount.md)")
+    p.add_argument("--per-container", action="store_true",
+                   help="serve one directory per container cgroup, MOUNTPOINT/<key>/proc/"
+                        "meminfo and so on (key: the cgroup path percent-encoded, "
+                        "docs/mount.md), each from the kernel's page cache, instead of "
+                        "LXCFS's per-caller layout")
     add_mount_options(p)
     add_limit_options(p, where=False)
     p.set_defaults(func=cmd_mount)
@@ -344,7 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ELAPSED agrees with the served uptime)")
     add_run_privilege_options(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
-    p.set_defaults(func=cmd_run)
+    # The app and the daemon run lives in share one cgroup: a fixed view, served from the
+    # kernel's page cache (docs/mount.md).
+    p.set_defaults(func=cmd_run, view="self")
 
     p = sub.add_parser("attach", help="bind the served files inside another process's mount "
                                       "namespace, and heal stale binds",
@@ -352,18 +372,59 @@ def build_parser() -> argparse.ArgumentParser:
                                    "SOURCE/sys/... over /proc and /sys there, replacing binds "
                                    "left stale by a daemon that died. With --watch, repeat "
                                    "every --interval seconds for the given pids or for every "
-                                   "other mount namespace (the sidecar pattern).")
+                                   "other mount namespace (the sidecar pattern). On a "
+                                   "per-container mount (no SOURCE/proc, a SOURCE/<key> for "
+                                   "PID's cgroup) the files are SOURCE/<key>/proc/...")
     p.add_argument("--pid", type=int, action="append", default=[],
                    help="a process whose mount namespace gets the binds (repeatable)")
     p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
                    help="the guestfs mount: in attach's own mount namespace (its files are "
                         "moved into the target's), else as seen inside the target's "
                         "(default /run/guestfs)")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--per-container", dest="per_container", action="store_true",
+                        default=None,
+                        help="SOURCE is a `guestfs mount --per-container` mount: bind "
+                             "SOURCE/<key of PID's cgroup>/... (default: detected)")
+    layout.add_argument("--shared", dest="per_container", action="store_false",
+                        help="SOURCE has the shared layout, SOURCE/proc/... (default: "
+                             "detected)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
     p.add_argument("--interval", type=seconds(0, strict=True), default=2.0,
                    help="seconds between rounds (> 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_attach)
+
+    p = sub.add_parser("oci-hook", help="OCI createContainer hook: bind the files over a new "
+                                        "container's /proc and /sys (podman, CRI-O hooks.d)",
+                       description="Read the OCI state on stdin, find the container's root "
+                                   "in BUNDLE/config.json and bind SOURCE/<key>/proc/... (a "
+                                   "per-container mount) or SOURCE/proc/... over "
+                                   "ROOT/proc/... and ROOT/sys/... inside the container's "
+                                   "mount namespace. Fail-open: when it cannot (no guestfs "
+                                   "mount, no directory for the container), it logs one line "
+                                   "and exits 0 so the container starts with the kernel's "
+                                   "files. Example hooks.d file: "
+                                   "container/oci-hooks.d/guestfs.json.")
+    p.add_argument("--source", default="/var/lib/guestfs",
+                   help="the guestfs mount, in the runtime's mount namespace (default "
+                        "/var/lib/guestfs, the DaemonSet's)")
+    p.add_argument("--strict", action="store_true",
+                   help="fail the container's start when the files cannot be bound")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--per-container", dest="per_container", action="store_true",
+                        default=None, help="SOURCE is a per-container mount (default: "
+                                           "detected)")
+    layout.add_argument("--shared", dest="per_container", action="store_false",
+                        help="SOURCE has the shared layout (default: detected)")
+    p.add_argument("--timeout", type=seconds(0, strict=True), default=5.0,
+                   help="give up after this many seconds (a stopped daemon; default 5)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also log one line when the files were bound")
+    p.add_argument("--log-file", metavar="FILE",
+                   help="also append the log line here (runtimes drop the output of a hook "
+                        "that exits 0)")
+    p.set_defaults(func=cmd_oci_hook)
     return parser
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote
 
+from guestfs.cgroup_path import level_paths
+from guestfs.hostroot import HostRoot
+from guestfs.mountinfo import read_cgroup_mounts
 from guestfs.proc_cgroup import CgroupMembership, parse_proc_cgroup
 
 # The controller whose path names a container on a v1 or hybrid host: memory carries the
@@ -64,3 +67,18 @@ def key_of_cgroup_text(text: str) -> str | None:
     """The directory key for a process whose /proc/<pid>/cgroup reads ``text``."""
     path = container_cgroup(parse_proc_cgroup(text))
     return dir_key(path) if path is not None else None
+
+
+def cgroup_exists(host: HostRoot, path: str) -> bool:
+    """Whether ``path`` is a cgroup directory in any hierarchy the daemon sees: a directory
+    is served only for a container that exists (once served, a vanished one keeps its
+    last good numbers, as every view does)."""
+    try:
+        mounts = read_cgroup_mounts(host, "self")
+    except OSError:
+        return False
+    for m in mounts:
+        levels = level_paths(m, path)
+        if levels and host.isdir(levels[0].directory):
+            return True
+    return False

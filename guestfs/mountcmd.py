@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from guestfs import mountlock, privileges, sysmount
 from guestfs.explicit import ExplicitLimits
 from guestfs.fuse_binding import load_binding
-from guestfs.fusefs import make_operations
+from guestfs.fusefs import REVALIDATE, make_operations
 from guestfs.hostpin import pin_host_files
 from guestfs.mountinfo import MountEntry, parse_mount_entries
 from guestfs.oneline import one_line
@@ -53,6 +53,7 @@ class MountOptions:
     pid_file: str | None = None
     log_file: str | None = None
     exit_when_unused: bool = False
+    per_container: bool = False
 
 
 class MountUnresponsive(OSError):
@@ -176,9 +177,13 @@ def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
     """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
     procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
     switch the operations to reporting real sizes."""
-    if not wait_until(lambda: bool(_read_own(mp, PROBE_FILE)), timeout, 0.05):
+    if not wait_until(lambda: _read_own(mp, "") is not None, timeout, 0.05):
         log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
         return
+    if ops.page_cache and not _read_own(mp, ops.probe_path):  # type: ignore[attr-defined]
+        # Served from the page cache, a read goes through no open of ours: a client that
+        # does not honour ENOSYS from open (no_open) fails it instead.
+        ops.disable_page_cache("this FUSE client does not read page-cached files")  # type: ignore[attr-defined]
     probe = ops.size_probe  # type: ignore[attr-defined]
     if probe is None:
         log.info("every served file reports one page, which its content fits in: no size "
@@ -341,19 +346,35 @@ def serve(opts: MountOptions) -> int:
                                          "fuse3" in binding.libfuse)
     users_held = exit_when_unused(mp) if opts.exit_when_unused else []
     server.start_sampler()
-    log.info("serving %s with %s (%s); view=%s%s cache_ttl=%gs host files from %s", mp,
-             binding.name, binding.libfuse, opts.view,
-             f" cgroup={opts.cgroup}" if opts.cgroup else "", opts.cache_ttl, host.origin)
     # libfuse only installs its SIGINT/SIGTERM handlers (which unmount cleanly) over the
     # default disposition, and Python has its own SIGINT handler.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    layout = "per-container" if opts.per_container else \
+        "fixed" if server.fixed_view else "per-caller"
+    # Page-cached files are revalidated by one GETATTR per REVALIDATE at most; libfuse3 tells
+    # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
+    cached = layout != "per-caller" and "fuse3" in binding.libfuse \
+        and binding.name.startswith("mfusepy")
+    attr_timeout = min(opts.cache_ttl, REVALIDATE) if cached else ATTR_TIMEOUT
     kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
-              "subtype": FSNAME, "attr_timeout": ATTR_TIMEOUT, "entry_timeout": ATTR_TIMEOUT,
+              "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
               "default_permissions": True}
     if opts.allow_other:
         kwargs["allow_other"] = True
-    ops = make_operations(binding.module, server)
+    ops = make_operations(binding.module, server, layout, ATTR_TIMEOUT)
+    server.serving.update(layout=layout, page_cache=cached)
+    if server.fixed_view and opts.cgroup is None:
+        # Whose view --view self serves: a run reusing this mount checks it is its own.
+        server.serving["self_cgroup"] = host.try_read_small("/proc/self/cgroup")
+    if layout != "per-caller" and not cached:
+        log.warning("%s layout without libfuse3 (%s): every read goes through the daemon; "
+                    "install libfuse3 and mfusepy for reads from the kernel's page cache",
+                    layout, binding.libfuse)
+    log.info("serving %s with %s (%s); %s layout%s; view=%s%s cache_ttl=%gs host files "
+             "from %s", mp, binding.name, binding.libfuse, layout,
+             ", page cache" if cached else ", direct_io", opts.view,
+             f" cgroup={opts.cgroup}" if opts.cgroup else "", opts.cache_ttl, host.origin)
     threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
                      daemon=True).start()
     signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)

@@ -111,21 +111,37 @@ def mount_fuse(mp: str, fsname: str, allow_other: bool) -> FuseMount:
     return FuseMount(fd, mp)
 
 
-def _detach(m: FuseMount) -> None:
+def detach(mountpoint: str) -> None:
     """What libfuse does on a clean stop, lazily. NOFOLLOW: as root, never through a
     symlink swapped in for the mount point. gVisor refuses the flag (EINVAL, as for a
     path that is no longer a mount point): then without it, inside its sandbox."""
-    path = os.fsencode(m.mountpoint)
+    path = os.fsencode(mountpoint)
     if _libc.umount2(path, sysmount.MNT_DETACH | UMOUNT_NOFOLLOW) != 0 \
             and ctypes.get_errno() == errno.EINVAL:
         _libc.umount2(path, sysmount.MNT_DETACH)
 
 
 def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
-    """Fork the process that will unmount ``m`` (it keeps the privileges the server is
-    about to drop). Returns (its pid, the pipe end to signal it through). Call it while
-    single-threaded: the child runs Python after fork."""
+    """Start the process that will unmount ``m`` (it keeps the privileges the server is
+    about to drop). Returns (its pid, the pipe end to signal it through).
+
+    The child execs a fresh interpreter at once (``_boot.py --unmount-watcher``, nothing
+    but os and sys imported until it has to unmount) rather than wait in a fork of the
+    server: a fork shares the server's pages copy-on-write, and every page the server
+    wrote afterwards became the watcher's own copy, 4.7 MiB of the container's memory
+    after a few thousand reads and growing (docs/performance.md, "Daemon memory"). The
+    signals it must outlive are ignored before the exec (ignored dispositions survive
+    it). Where there is no interpreter to exec, the child waits as a plain fork. Call it
+    while single-threaded: the child runs Python after fork."""
+    from guestfs._boot import UNMOUNT_WATCHER
+    from guestfs.selfexec import BOOT, SelfExecError, interpreter
+
     r, w = os.pipe()
+    try:
+        argv: list[str] | None = [interpreter(), "-I", "-S", BOOT, UNMOUNT_WATCHER, str(r),
+                                  m.mountpoint]
+    except SelfExecError:
+        argv = None
     pid = os.fork()
     if pid == 0:  # the watcher
         try:
@@ -133,10 +149,14 @@ def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
             os.close(m.fd)  # the server's connection must close when the server's does
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
                 signal.signal(sig, signal.SIG_IGN)  # a terminal's ^C must not skip cleanup
+            if argv is not None:
+                with contextlib.suppress(OSError):
+                    os.set_inheritable(r, True)
+                    os.execv(argv[0], argv)
             # b"u": the server stopped cleanly. EOF without it: the server was killed;
             # the stale mount is then left for the next start to detach, as before.
             if os.read(r, 1) == b"u":
-                _detach(m)
+                detach(m.mountpoint)
         except BaseException:  # noqa: BLE001 - never return into the server's code
             os._exit(1)
         os._exit(0)

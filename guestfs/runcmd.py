@@ -16,13 +16,12 @@ import threading
 from guestfs import supervise, sysmount
 from guestfs.apppriv import AppSetup, prepare_app
 from guestfs.hostroot import pread_all
-from guestfs.mountcmd import is_guestfs_mount, wait_mounted, wait_until
+from guestfs.mountcmd import is_guestfs_mount, wait_until
 from guestfs.oomadj import shield_wrapper
 from guestfs.selfexec import guestfs_argv
 from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
 
 log = logging.getLogger("guestfs.run")
-DEFAULT_MOUNTPOINT = "/run/guestfs"  # guestfs run's mount, and attach's default source
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2, signal.SIGWINCH)
 
@@ -40,7 +39,10 @@ def start_daemon(mp: str, mount_args: list[str]) -> subprocess.Popen[bytes]:
     mount's users lock, so a run killed with -9 leaves nothing behind, while a daemon
     another run still uses outlives the run that started it (docs/mount.md)."""
     proc = subprocess.Popen(guestfs_argv(["mount", mp, *mount_args]), start_new_session=True)
-    if not wait_mounted(mp, None, 20.0) or proc.poll() is not None:
+    # Given up as soon as the daemon exits (killed while starting, a refused mount): the
+    # supervisor then retries with backoff instead of waiting out the timeout.
+    if not wait_until(lambda: proc.poll() is not None or is_guestfs_mount(mp), 20.0) \
+            or proc.poll() is not None:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
         proc.wait()
@@ -57,6 +59,25 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def check_reused_view(mp: str) -> None:
+    """A live mount at ``mp`` serving a fixed view of the daemon's own cgroup (what run
+    starts) is reused only by a run in that same cgroup: another cgroup's limits must not
+    be served to this CMD."""
+    from guestfs.daemon_status import read_status
+
+    try:
+        theirs = read_status(mp).get("self_cgroup")
+    except OSError as e:
+        raise RunError(f"{mp}: cannot read the serving daemon's status: {e}") from e
+    if theirs is None:
+        return   # a per-caller or pinned view: every reader gets what it should
+    with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
+        ours = f.read()
+    if theirs != ours:
+        raise RunError(f"{mp} is served for another cgroup's processes; give this run a "
+                       "--mountpoint of its own")
 
 
 def binds_for(mp: str, pressure: bool = False) -> list[tuple[str, str]]:
@@ -165,6 +186,8 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
     try:
         if not is_guestfs_mount(mp):
             daemon = supervise.start_or_reuse(mp, lambda: start_daemon(mp, mount_args))
+        else:
+            check_reused_view(mp)
         binds = binds_for(mp, bind_pressure)
         wait_serving(mp + "/proc/meminfo")
         if not rereads_after_lseek(mp + "/proc/meminfo"):

@@ -186,6 +186,8 @@ class ViewServer:
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self.errors = 0
+        # How the FUSE layer serves (layout, page cache): shown in the status file.
+        self.serving: dict[str, object] = {}
 
     # ------------------------------------------------------------ which view
 
@@ -310,7 +312,8 @@ class ViewServer:
             fallbacks = dict(self.fallbacks)
             refusals = dict(self.refusals)
         return (json.dumps({"pid": os.getpid(), "view": self.config.view,
-                            "cache_ttl": self.config.cache_ttl, "fallback_total": self.errors,
+                            "cgroup": self.config.cgroup, "cache_ttl": self.config.cache_ttl,
+                            **self.serving, "fallback_total": self.errors,
                             "fallbacks": fallbacks, "refusals": refusals},
                            indent=1) + "\n").encode()
 
@@ -334,28 +337,39 @@ class ViewServer:
     # ------------------------------------------------------------ reads
 
     def render(self, path: str, pid: int) -> bytes:
-        """The bytes served at ``path`` to ``pid``; never raises for bad cgroup input.
+        """The bytes served at ``path`` to ``pid``; never raises for bad cgroup input."""
+        return self.render_until(path, pid)[1]
+
+    def render_until(self, path: str, pid: int,
+                     cgroup: str | None = None) -> tuple[float, bytes]:
+        """(deadline, bytes) served at ``path`` to ``pid``: the view of ``cgroup`` when
+        given (a per-container directory), else the reader's. The deadline (monotonic) is
+        when the bytes stop being fresh: the page-cache path lets the kernel keep them
+        until then. Files rendered per read (UNCACHED, the status) are due at once.
 
         Freshness: every rendering carries the deadline of the view it was made from (the
         moment its cgroup files were read + cache_ttl), and every cache layer keeps it, so
         no number is older than cache_ttl (plus render time) and two readers of one view at
         the same moment get the same bytes."""
         if path == STATUS_PATH:
-            return self.status_json()
+            return time.monotonic(), self.status_json()
+        if cgroup is not None:
+            return self._render(path, pid, (pid, None), (PINNED + cgroup, "self"))
         who = self.reader(pid)
         hit = self._fast.get((who, path))
         if hit is not None and time.monotonic() < hit[0]:
-            return hit[1]
+            return hit
         deadline, data = self._render(path, pid, who)
         if path not in UNCACHED and self.config.cache_ttl > 0:
             if len(self._fast) > FAST_ENTRIES:
                 self._fast.clear()
             self._fast[(who, path)] = (deadline, data)
-        return data
+        return deadline, data
 
-    def _render(self, path: str, pid: int, who: Reader) -> tuple[float, bytes]:
+    def _render(self, path: str, pid: int, who: Reader,
+                pinned: tuple[str, str] | None = None) -> tuple[float, bytes]:
         try:
-            key, used = self.key_for(pid, who)
+            key, used = pinned or self.key_for(pid, who)
         except UnseenReader:
             raise  # refused, never served a fallback
         except Exception as e:  # noqa: BLE001 - a bad cgroup file must not kill the daemon
@@ -380,7 +394,8 @@ class ViewServer:
                 offset = read_boottime_offset(self.host, pid) if path == "/proc/stat" else 0
                 data = render_file(path, self.host, view.snap, view.lim, entry.state,
                                    view.own_threads, view.memo, offset).encode()
-            out = (view.born + self.config.cache_ttl, data)
+            due = time.monotonic() if path in UNCACHED else view.born + self.config.cache_ttl
+            out = (due, data)
             with self._lock:
                 if path not in UNCACHED:
                     self._rendered[(key, path)] = out

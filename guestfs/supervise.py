@@ -18,7 +18,6 @@ import fcntl
 import logging
 import os
 import signal
-import stat
 import subprocess
 import threading
 import time
@@ -36,16 +35,14 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _dead_connection(path: str) -> bool:
-    """``path`` is served by a FUSE connection whose daemon is gone. A stat can still be
-    answered from the attribute cache for a moment; a read cannot. The path is the app's
-    to change: a symlink is not followed and a FIFO does not block the open."""
+    """``path`` is served by a FUSE connection whose daemon is gone. A stat, and a read of
+    a page-cached file, can still be answered from the kernel's caches for a moment after
+    the daemon died; a statfs always asks the daemon. The path is the app's to change:
+    opened with O_PATH|O_NOFOLLOW, so a symlink is not followed and nothing is opened."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
-                os.listdir(fd)
-            elif stat.S_ISREG(os.fstat(fd).st_mode):
-                os.read(fd, 1)
+            sysmount.fs_type(fd)
         finally:
             os.close(fd)
     except OSError as e:
@@ -272,6 +269,8 @@ class Supervisor:
     def _recover(self) -> bool:
         began = time.monotonic()
         log.warning("the guestfs daemon of %s is gone; starting a new one", self.mp)
+        if self.daemon is not None:
+            self.daemon.poll()   # reap the dead one: no zombie left beside its successor
         try:
             self.daemon = self.start_daemon()
         except Exception as e:  # noqa: BLE001 - any failure: retry with backoff

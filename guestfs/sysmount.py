@@ -176,13 +176,16 @@ def fs_type(fd: int) -> int:
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
 
 
-def open_nofollow(path: str) -> int:
+def open_nofollow(path: str, root_fd: int | None = None) -> int:
     """An O_PATH fd on absolute ``path``, walked one component at a time with O_NOFOLLOW:
     a symlink anywhere on the way raises ELOOP/ENOTDIR instead of being followed. Used
-    inside namespaces whose files the app controls."""
+    inside namespaces whose files the app controls. With ``root_fd`` (an O_PATH directory
+    fd), ``path`` is walked from there instead of from "/": a container's root before
+    its pivot_root."""
     if not path.startswith("/"):
         raise ValueError(f"not an absolute path: {path}")
-    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = (os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
+          if root_fd is not None else os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
     try:
         parts = [p for p in path.split("/") if p]
         for i, part in enumerate(parts):

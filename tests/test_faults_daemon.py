@@ -31,17 +31,17 @@ def start_daemon(mp: str, log: str) -> subprocess.Popen[bytes]:
 
 
 def watcher_of(pid: int) -> int:
-    """The daemon's unmount watcher: its one child running the daemon's own command line
-    (the size probe's short-lived reader runs another)."""
-    def cmdline(p: int | str) -> bytes:
+    """The daemon's unmount watcher: its one child running ``_boot.py --unmount-watcher``
+    (the size probe's short-lived reader runs another command line)."""
+    def cmdline(p: int | str) -> list[bytes]:
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
-                return f.read()
+                return f.read().split(b"\0")
         except FileNotFoundError:
-            return b""
+            return []
 
     with open(f"/proc/{pid}/task/{pid}/children") as f:
-        (child,) = (int(p) for p in f.read().split() if cmdline(p) == cmdline(pid))
+        (child,) = (int(p) for p in f.read().split() if b"--unmount-watcher" in cmdline(p))
     return child
 
 

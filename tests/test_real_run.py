@@ -107,3 +107,36 @@ def test_a_busy_loop_shows_as_the_containers_usage(tmp_path):
     inside_pct = float(inside)
     assert 30 <= inside_pct <= 70, (inside_pct, host)
     assert host >= inside_pct + 20, (inside_pct, host)
+
+
+def test_a_run_in_another_cgroup_does_not_reuse_a_mount_serving_the_first():
+    """run serves the view of its own cgroup (--view self, page-cached): a second run
+    from another cgroup must not be handed the first one's limits through the shared
+    mountpoint; one from the same cgroup reuses it."""
+    from tests.fusemount import private_mountpoint, wait_for
+
+    with v1_cgroup(512 * MiB, 100000, 100000) as a, v1_cgroup(256 * MiB, 100000, 100000) as b, \
+            private_mountpoint() as mpp:
+        mp = str(mpp)
+        dirs = " ".join(a.dirs.values())
+        first = subprocess.Popen(
+            ["sh", "-c", f'for d in {dirs}; do echo $$ > $d/cgroup.procs; done; exec "$@"',
+             "_", sys.executable, "-m", "guestfs", "run", "--mountpoint", mp, "--",
+             "sh", "-c", f"head -1 /proc/meminfo; while [ ! -e {mp}.stop ]; do sleep 0.1; "
+                         "done"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert wait_for(lambda: os.path.exists(f"{mp}/proc/meminfo"), 30)
+            other = in_cgroup(b, [sys.executable, "-m", "guestfs", "run", "--mountpoint", mp,
+                                  "--", "head", "-1", "/proc/meminfo"])
+            assert other.returncode != 0
+            assert "served for another cgroup" in other.stderr
+            same = in_cgroup(a, [sys.executable, "-m", "guestfs", "run", "--mountpoint", mp,
+                                 "--", "head", "-1", "/proc/meminfo"])
+            assert same.returncode == 0, same.stderr
+            assert same.stdout.split()[1] == "524288"
+        finally:
+            open(f"{mp}.stop", "w").close()
+            out, err = first.communicate(timeout=60)
+            force_unmount(mp)
+        assert first.returncode == 0, err
+        assert out.split()[1] == "524288"

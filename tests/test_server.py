@@ -234,9 +234,11 @@ def test_files_report_one_page_only_while_every_rendering_fits_in_one(copy_fixtu
     class FakeServer:
         def __init__(self) -> None:
             self.host, self.data = host, b"x\n"
+            self.serving: dict[str, object] = {}
 
-        def render(self, path: str, pid: int) -> bytes:
-            return self.data
+        def render_until(self, path: str, pid: int,
+                         cgroup: str | None = None) -> tuple[float, bytes]:
+            return 0.0, self.data
 
         def reader(self, pid: int) -> tuple[int, None]:
             return (pid, None)

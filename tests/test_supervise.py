@@ -96,13 +96,13 @@ def test_a_target_replaced_by_a_symlink_to_a_fifo_is_not_followed(tmp_path):
 
 def idle(pid: int) -> bool:
     """Every thread of ``pid`` is asleep, and its self-probe child is gone (its unmount
-    watcher, a fork with the daemon's command line, stays for life)."""
+    watcher, ``_boot.py --unmount-watcher``, stays for life)."""
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
         states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
-        own = Path(f"/proc/{pid}/cmdline").read_bytes()
         children = [c for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-                    if Path(f"/proc/{c}/cmdline").read_bytes() != own]
+                    if b"--unmount-watcher" not in
+                    Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0")]
     except OSError:
         return False
     return len(tasks) > 1 and set(states) == {"S"} and not children

@@ -1,0 +1,161 @@
+"""`guestfs oci-hook` without a runtime: a fake container (a private mount namespace with
+procfs and sysfs mounted below a root directory, before any pivot_root) and the OCI state
+on stdin. Covers what runc never does here: a hook run from the runtime's namespace
+(bound through setns into the state's pid), a root whose /sys is a planted symlink, and
+the state and config parsing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from guestfs import ocihook
+from tests.fusemount import mounted, wait_for
+
+
+def _ns(pid: int | str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/mnt")
+
+
+def hook(state: dict, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "guestfs", "oci-hook", *args],
+                          input=json.dumps(state), capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def fake_container():
+    """(state, root, pid): ``root/proc`` and ``root/sys`` are procfs and sysfs inside the
+    container's mount namespace only; with ``sys_link`` root/sys is a symlink to /sys."""
+    top = tempfile.mkdtemp(prefix="guestfs-oci-fake-")
+    procs = []
+
+    def make(sys_link: bool = False):
+        bundle = tempfile.mkdtemp(dir=top)
+        root = os.path.join(bundle, "rootfs")
+        os.makedirs(os.path.join(root, "proc"))
+        if sys_link:
+            os.symlink("/sys", os.path.join(root, "sys"))
+            script = f"mount -t proc proc {root}/proc && echo up && exec sleep 600"
+        else:
+            os.makedirs(os.path.join(root, "sys"))
+            script = (f"mount -t proc proc {root}/proc && mount -t sysfs sysfs {root}/sys "
+                      "&& echo up && exec sleep 600")
+        with open(os.path.join(bundle, "config.json"), "w") as f:
+            json.dump({"ociVersion": "1.0.2", "root": {"path": "rootfs"}}, f)
+        p = subprocess.Popen(["unshare", "--mount", "--propagation", "private",
+                              "sh", "-c", script], stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        assert p.stdout.readline().strip() == "up"
+        assert wait_for(lambda: _ns(p.pid) != _ns("self"), 5)
+        state = {"ociVersion": "1.0.2", "id": "fake", "status": "creating", "pid": p.pid,
+                 "bundle": bundle}
+        return state, root, p.pid
+
+    try:
+        yield make
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def inside(pid: int, *cmd: str) -> str:
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", *cmd], capture_output=True,
+                          text=True, timeout=30).stdout
+
+
+@pytest.mark.real
+def test_hook_from_the_runtimes_namespace_binds_through_setns(fake_container):
+    state, root, pid = fake_container()
+    mp = tempfile.mkdtemp(prefix="guestfs-oci-src-")
+    try:
+        with mounted(os.path.join(mp, "mnt"), "--memory-limit", "300Mi", "--allow-other"):
+            out = hook(state, "--source", os.path.join(mp, "mnt"), "--strict", "-v")
+            assert out.returncode == 0, out.stderr
+            assert "bound 10, already live 0 (move_mount)" in out.stderr, out.stderr
+            assert inside(pid, "head", "-1", f"{root}/proc/meminfo").split() == \
+                ["MemTotal:", "307200", "kB"]
+            assert "fuse" in inside(pid, "stat", "-f", "-c", "%T", f"{root}/proc/cpuinfo")
+            assert os.listdir(os.path.join(root, "proc")) == []  # ours: untouched
+            again = hook(state, "--source", os.path.join(mp, "mnt"), "--strict", "-v")
+            assert "bound 0, already live 10" in again.stderr, again.stderr
+    finally:
+        shutil.rmtree(mp, ignore_errors=True)
+
+
+@pytest.mark.real
+def test_a_planted_sys_symlink_is_refused_and_the_rest_bound(fake_container):
+    state, root, pid = fake_container(sys_link=True)
+    mp = tempfile.mkdtemp(prefix="guestfs-oci-src-")
+    try:
+        with mounted(os.path.join(mp, "mnt"), "--memory-limit", "300Mi", "--allow-other"):
+            strict = hook(state, "--source", os.path.join(mp, "mnt"), "--strict")
+            assert strict.returncode == 1
+            assert "/sys/devices/system/cpu/online: a symlink on the way: refused" \
+                in strict.stderr
+            assert len(strict.stderr.splitlines()) == 1, strict.stderr
+            # The namespace's own /sys (what the symlink points to) is left alone ...
+            assert inside(pid, "stat", "-f", "-c", "%T",
+                          "/sys/devices/system/cpu/online").strip() == "sysfs"
+            # ... and the /proc files beside it are served.
+            assert inside(pid, "head", "-1", f"{root}/proc/meminfo").split()[1] == "307200"
+            lenient = hook(state, "--source", os.path.join(mp, "mnt"))
+            assert lenient.returncode == 0
+            assert "the container starts with the kernel's files" in lenient.stderr
+    finally:
+        shutil.rmtree(mp, ignore_errors=True)
+
+
+def test_state_and_config_parsing(tmp_path):
+    with pytest.raises(ocihook.HookError, match="no bundle"):
+        ocihook.read_state(io.StringIO('{"pid": 1}'))
+    with pytest.raises(ocihook.HookError, match="valid pid"):
+        ocihook.read_state(io.StringIO('{"pid": true, "bundle": "/b"}'))
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"root": {"path": "rootfs"}, "linux": {"cgroupsPath": "/a/b"}}))
+    assert ocihook.bundle_config(str(tmp_path)) == (str(tmp_path / "rootfs"), "/a/b")
+    (tmp_path / "config.json").write_text(json.dumps({"root": {"path": "/abs/root"}}))
+    assert ocihook.bundle_config(str(tmp_path)) == ("/abs/root", None)
+    assert ocihook.cgroup_of_config("/libpod_parent/libpod-x") == "/libpod_parent/libpod-x"
+    assert ocihook.cgroup_of_config(
+        "kubepods-burstable-pod12.slice:crio:abc") == \
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12.slice/crio-abc.scope"
+    assert ocihook.cgroup_of_config("machine.slice:libpod:f00") == \
+        "/machine.slice/libpod-f00.scope"
+    assert ocihook.cgroup_of_config("relative/path") is None
+    assert ocihook.cgroup_of_config(None) is None
+
+
+def test_fail_open_on_garbage_and_a_missing_mount(tmp_path, capsys):
+    assert ocihook.main(str(tmp_path), stdin=io.StringIO("not json")) == 0
+    assert ocihook.main(str(tmp_path), strict=True, stdin=io.StringIO("not json")) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(ln.startswith("guestfs oci-hook: container ?:") for ln in err)
+    log = tmp_path / "hook.log"
+    state = {"id": "c1", "pid": os.getpid(), "bundle": str(tmp_path / "nope")}
+    assert ocihook.main(str(tmp_path), stdin=io.StringIO(json.dumps(state)),
+                        log_file=str(log)) == 0
+    assert log.read_text().startswith("guestfs oci-hook: container c1: ")
+
+
+def test_the_installed_command_never_imports_from_its_working_directory(tmp_path):
+    """The runtime starts the hook with the image's root as its working directory: a
+    `guestfs` package planted there must not be what runs as root."""
+    exe = os.path.join(os.path.dirname(sys.executable), "guestfs")
+    planted = tmp_path / "guestfs"
+    planted.mkdir()
+    for name in ("__init__.py", "__main__.py", "cli.py", "ocihook.py"):
+        (planted / name).write_text("raise SystemExit(99)\n")
+    out = subprocess.run([exe, "oci-hook", "--source", str(tmp_path)], input="{}",
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("guestfs oci-hook: container ?: ")
