@@ -20,7 +20,8 @@ picks others, e.g. uptime,loadavg; ``--idle-procs N`` first starts N sleeping pr
 outside the cgroup, to show a file's cost does not grow with the number of processes on the
 host), and each daemon's CPU time per 10^5 reads (utime+stime of /proc/<pid>/stat around
 each measurement); then `free -m` invocations per second with each one's meminfo bound over
-/proc/meminfo in a private mount namespace; then each daemon's RSS. It prints a markdown
+/proc/meminfo in a private mount namespace (the kernel's own file for the kernel), in
+interleaved rounds; then each daemon's RSS. It prints a markdown
 table for docs/performance.md with the ratios against the targets, and ``--plot`` writes an
 SVG of reads/s by number of readers. Ratios are within one run, never across runs: the
 machine is shared and noisy. Everything it starts is removed on exit, failure included.
@@ -136,15 +137,27 @@ FREE_LOOP = ("import subprocess, sys, time; n = int(sys.argv[1]); t = time.perf_
              "print(n / (time.perf_counter() - t))")
 
 
-def free_rate(meminfo: str | None, n: int) -> float:
+def free_rate(meminfo: str, n: int) -> float:
+    """``free -m`` runs per second in a private mount namespace with ``meminfo`` bound over
+    /proc/meminfo (the kernel's own file for the kernel: the same namespace and mount)."""
     loop = [sys.executable, "-c", FREE_LOOP, str(n)]
-    if meminfo is None:
-        out = subprocess.run(loop, check=True, capture_output=True, text=True, cwd="/")
-    else:
-        out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                              'mount --bind "$0" /proc/meminfo && exec "$@"', meminfo,
-                              *loop], check=True, capture_output=True, text=True, cwd="/")
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          'mount --bind "$0" /proc/meminfo && exec "$@"', meminfo, *loop],
+                         check=True, capture_output=True, text=True, cwd="/")
     return float(out.stdout)
+
+
+def free_rates(meminfos: dict[str, str], n: int, rounds: int
+               ) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """``n`` runs per target in ``rounds`` interleaved rounds (the order reversed every
+    other round), so a burst of load on the shared machine lands on every target alike:
+    each target's runs over its total time, and every round's rate."""
+    per = max(1, n // rounds)
+    seen: dict[str, list[float]] = {m: [] for m in meminfos}
+    for r in range(rounds):
+        for m in (list(meminfos) if r % 2 == 0 else list(reversed(meminfos))):
+            seen[m].append(free_rate(meminfos[m], per))
+    return {m: len(v) * per / sum(per / x for x in v) for m, v in seen.items()}, seen
 
 
 def daemon_cpu(reads: dict[str, dict[str, float]], mode: str) -> dict[str, float]:
@@ -242,7 +255,9 @@ def markdown(results: dict) -> str:  # type: ignore[type-arg]
                    + f" | {_num(rss and rss / 2**20, '.1f')}"
                    + f" | {cpu_cell} |")
     timed = sum(readers) * len(files) * results["ops"]
-    out.append(f"\n`free -m` /s: with that meminfo bound over /proc/meminfo. Daemon CPU: "
+    out.append(f"\n`free -m` /s: with that meminfo bound over /proc/meminfo in a private mount "
+               f"namespace (the kernel's over itself), {results['free_rounds']} interleaved "
+               "rounds. Daemon CPU: "
                f"utime+stime of /proc/<pid>/stat over all {timed} timed reads of it "
                f"({', '.join(files)}; 1 tick = 1/{CLK_TCK} s).")
     for m, why in results["skipped"].items():
@@ -280,7 +295,7 @@ def run(a: argparse.Namespace) -> dict:  # type: ignore[type-arg]
     readers = tuple(int(n) for n in a.readers.split(","))
     results: dict = {"binding": a.binding, "ops": a.ops,  # type: ignore[type-arg]
                      "idle_procs": a.idle_procs, "files": list(files),
-                     "readers": list(readers), "skipped": {},
+                     "readers": list(readers), "skipped": {}, "free_rounds": a.free_rounds,
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     gargs = ["--fuse-binding", a.binding]
     if a.cache_ttl is not None:
@@ -335,8 +350,9 @@ def run(a: argparse.Namespace) -> dict:  # type: ignore[type-arg]
                         print(f"{f:8} readers={n} {m:12} p50 {r['p50_us']:8.1f} us  "
                               f"p99 {r['p99_us']:8.1f} us  {r['ops_per_s']:9.0f} reads/s{cpu}",
                               flush=True)
-            free = {m: free_rate(None if m == "kernel" else f"{bases[m]}/meminfo", a.free)
-                    for m in modes}
+            free, rounds = free_rates({m: f"{bases[m]}/meminfo" for m in modes}, a.free,
+                                      a.free_rounds)
+            results["free_rounds_per_s"] = rounds
             results["cpu_s_per_1e5_reads"] = {m: daemon_cpu(reads, m) for m in modes
                                               if m in pids}
             results["free_per_s"] = free
@@ -352,6 +368,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=int, default=5000, help="reads per reader (default 5000)")
     ap.add_argument("--free", type=int, default=300, help="free -m runs per target")
+    ap.add_argument("--free-rounds", type=int, default=5, metavar="N",
+                    help="interleaved rounds the free -m runs are split into (default 5)")
     ap.add_argument("--binding", default="auto", help="guestfs --fuse-binding")
     ap.add_argument("--cache-ttl", metavar="S", help="guestfs --cache-ttl (default: its own)")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")

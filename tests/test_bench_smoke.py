@@ -57,6 +57,7 @@ def test_bench_read_smoke(tmp_path: Path) -> None:
     assert set(r["cpu_s_per_1e5_reads"]) == set(modes) - {"kernel"}
     assert set(r["free_per_s"]) == set(modes)
     assert all(v > 0 for v in r["free_per_s"].values())
+    assert all(len(v) == r["free_rounds"] for v in r["free_rounds_per_s"].values())
     assert set(r["rss_bytes"]) == set(modes) - {"kernel"}
     assert all(v > 0 for v in r["rss_bytes"].values())
     assert len(r["targets"]) == 4 and all(t["measured"] is not None for t in r["targets"])
