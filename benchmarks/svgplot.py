@@ -13,6 +13,8 @@ COLOURS = ("#4d4d4d", "#d95f02", "#7570b3", "#1b9e77", "#e7298a", "#66a61e", "#e
 
 
 def _fmt(v: float) -> str:
+    if v >= 1_000_000:
+        return f"{v / 1e6:.1f}M".replace(".0M", "M")
     if v >= 10_000:
         return f"{v / 1000:.0f}k"
     if v >= 1000:
