@@ -154,7 +154,15 @@ def hook(state: dict[str, Any], source: str, per_container: bool | None = None,
     else:
         pid = key_pid = state["pid"]
         check_target(pid)
-    key = container_key(key_pid, cgroups_path) if per_container is not False else None
+    key = None
+    if per_container is not False:
+        try:
+            key = container_key(key_pid, cgroups_path)
+        except HookError:
+            if per_container:
+                raise
+            # Unknown is fine for a shared (per-caller) source, which needs no key; for a
+            # per-container one attach then says the container's directory is missing.
     return run_in_child(lambda: attach_in_child(pid, source, key, per_container, rootfs),
                         timeout)
 
