@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from guestfs import DEFAULT_MOUNTPOINT, __version__
+from guestfs import DEFAULT_HOOK_SOURCE, DEFAULT_MOUNTPOINT, __version__
 from guestfs.daemon_status import format_status, read_status
 from guestfs.explain import json_text, to_json, to_text
 from guestfs.explicit import (
@@ -406,9 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and exits 0 so the container starts with the kernel's "
                                    "files. Example hooks.d file: "
                                    "container/oci-hooks.d/guestfs.json.")
-    p.add_argument("--source", default="/var/lib/guestfs",
+    p.add_argument("--source", default=DEFAULT_HOOK_SOURCE,
                    help="the guestfs mount, in the runtime's mount namespace (default "
-                        "/var/lib/guestfs, the DaemonSet's)")
+                        f"{DEFAULT_HOOK_SOURCE}, the DaemonSet's per-container mount)")
     p.add_argument("--strict", action="store_true",
                    help="fail the container's start when the files cannot be bound")
     layout = p.add_mutually_exclusive_group()

@@ -116,7 +116,7 @@ class OpenSnapshots:
 
     ENTRY_OVERHEAD = 200  # bytes per entry beside the data: dict slot, int, bytes header
 
-    def __init__(self, max_entries: int = 8192, max_bytes: int = 32 << 20) -> None:
+    def __init__(self, max_entries: int = 2048, max_bytes: int = 32 << 20) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._data: dict[int, bytes] = {}

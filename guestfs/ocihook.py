@@ -29,13 +29,13 @@ import re
 import sys
 from typing import Any, TextIO
 
-from guestfs import sysmount
+from guestfs import DEFAULT_HOOK_SOURCE, sysmount
 from guestfs.attach import attach_in_child, check_target, run_in_child
 from guestfs.containerdirs import BadKey, container_cgroup, dir_key
 from guestfs.oneline import one_line
 from guestfs.proc_cgroup import parse_proc_cgroup
 
-DEFAULT_SOURCE = "/var/lib/guestfs"   # the DaemonSet's mount (LXCFS's /var/lib/lxcfs)
+DEFAULT_SOURCE = DEFAULT_HOOK_SOURCE
 DEFAULT_TIMEOUT = 5.0
 MAX_STATE = 1 << 20
 
@@ -154,7 +154,15 @@ def hook(state: dict[str, Any], source: str, per_container: bool | None = None,
     else:
         pid = key_pid = state["pid"]
         check_target(pid)
-    key = container_key(key_pid, cgroups_path) if per_container is not False else None
+    key = None
+    if per_container is not False:
+        try:
+            key = container_key(key_pid, cgroups_path)
+        except HookError:
+            if per_container:
+                raise
+            # Unknown is fine for a shared (per-caller) source, which needs no key; for a
+            # per-container one attach then says the container's directory is missing.
     return run_in_child(lambda: attach_in_child(pid, source, key, per_container, rootfs),
                         timeout)
 
@@ -170,9 +178,15 @@ def main(source: str = DEFAULT_SOURCE, strict: bool = False,
     def say(line: str) -> None:
         print(line, file=sys.stderr)
         if log_file:
+            # Root writing a path: never through a symlink or into a file not ours.
+            from guestfs.safefile import open_private
+
             try:
-                with open(log_file, "a") as f:
-                    f.write(line + "\n")
+                opened = open_private(log_file, "--log-file", append=True)
+                try:
+                    os.write(opened.fd, (line + "\n").encode())
+                finally:
+                    os.close(opened.fd)
             except OSError as e:
                 print(f"guestfs oci-hook: --log-file {log_file}: {e.strerror or e}",
                       file=sys.stderr)

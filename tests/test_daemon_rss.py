@@ -86,11 +86,6 @@ def test_daemon_rss_once_serving(args):
             f"daemon VmRSS {mib(st['VmRSS'])} > {mib(LIMIT_KIB)} once serving ({st})")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "fusefs.OpenSnapshots keeps the renderings of the last 8192 opens: ~1.7 MiB after "
-    "these reads (measured in-process; 2048 would keep ~0.5 MiB), and the daemon measures "
-    "20.0-20.3 MiB here. Remove this mark once the store (or the page-cache path that "
-    "replaces it) keeps less"))
 @pytest.mark.parametrize("args", [["--cgroup", "/"], []], ids=["fixed-view", "per-caller"])
 def test_daemon_rss_after_reads_of_every_file(args):
     with daemon(*args) as (mp, pid):

@@ -59,7 +59,13 @@ def started_run(mp: Path, *cmd: str, opts: tuple[str, ...] = ()
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         kill_tree(seen)  # first: a leftover daemon holds run's output pipes open
-        proc.communicate(timeout=30)
+        # Processes started after the snapshot (found by their mountpoint) go too.
+        kill_tree([p for p in psutil.process_iter(["cmdline"])
+                   if str(mp) in " ".join(p.info["cmdline"] or [])])
+        proc.wait(timeout=30)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()   # not read to EOF: a straggler may still hold its end
         force_unmount(str(mp))
 
 

@@ -97,8 +97,15 @@ def test_daemonset_shares_the_nodes_mount_lock_directory():
     from guestfs.mountlock import LOCK_DIR
 
     spec = pod_spec("daemonset", "daemonset.yaml")
-    (daemon,) = spec["containers"]
-    mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
     volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
-    assert any(path == LOCK_DIR and volumes.get(name) == LOCK_DIR
-               for name, path in mounts.items())
+    # Two daemons: the per-caller mount and the per-container one (the OCI hook's source).
+    assert [c["args"][1] for c in spec["containers"]] == ["/var/lib/guestfs",
+                                                          "/var/lib/guestfs-containers"]
+    assert "--per-container" in spec["containers"][1]["args"]
+    for daemon in spec["containers"]:
+        mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
+        assert any(path == LOCK_DIR and volumes.get(name) == LOCK_DIR
+                   for name, path in mounts.items())
+        # Each serves its mountpoint to the node: a hostPath of the same path.
+        assert volumes.get(next(n for n, p in mounts.items() if p == daemon["args"][1])) \
+            == daemon["args"][1]

@@ -159,3 +159,19 @@ def test_the_installed_command_never_imports_from_its_working_directory(tmp_path
                          env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stderr.startswith("guestfs oci-hook: container ?: ")
+
+
+def test_the_log_file_is_never_written_through_a_symlink(tmp_path):
+    """The hook runs as root: a --log-file path that is a symlink (planted in a directory
+    others can write) must not make it append to the file it points to."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    link = tmp_path / "hook.log"
+    link.symlink_to(victim)
+    rc = ocihook.main(source=str(tmp_path / "none"), stdin=io.StringIO("{}"),
+                      log_file=str(link))
+    assert rc == 0                      # fail-open still
+    assert victim.read_text() == "root's\n"
+    plain = tmp_path / "plain.log"
+    ocihook.main(source=str(tmp_path / "none"), stdin=io.StringIO("{}"), log_file=str(plain))
+    assert "not an OCI state" in plain.read_text()
