@@ -171,7 +171,10 @@ class Generations:
     (docs/mount.md says what a reader may see across read() calls)."""
 
     def __init__(self, hold: float = 0.005, max_hold: float = 0.05,
-                 max_entries: int = 4096, max_bytes: int = 64 << 20) -> None:
+                 max_entries: int = 16384, max_bytes: int = 64 << 20) -> None:
+        # Generous: a generation dropped while the kernel still holds its attributes
+        # would have its next page refill served from a newer rendering. 16384 files is
+        # about 1,200 containers of a --per-container mount.
         self.hold = hold
         self.max_hold = max_hold
         self.max_entries = max_entries
@@ -229,9 +232,10 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
     """An Operations instance for the binding module ``fuse`` (fusepy or mfusepy).
 
     ``layout``: "per-caller" (LXCFS's layout, each reader its own view, direct_io),
-    "fixed" (LXCFS's layout, one view for every reader, page-cached where the binding
-    lets us set attribute timeouts per reply: mfusepy on libfuse3) or "per-container"
-    (one directory per container cgroup, page-cached likewise)."""
+    "fixed" (LXCFS's layout, one view for every reader, page-cached where libfuse3's init
+    says the kernel's client offers no_open and auto_inval_data) or "per-container" (one
+    directory per container cgroup, page-cached likewise). ``direct_timeout`` is the
+    attribute timeout to fall back to when the page cache cannot be used."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}")
     dirs, files = _tree()
