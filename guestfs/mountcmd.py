@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from guestfs import mountlock, privileges, sysmount
+from guestfs.daemon_status import STATUS_PATH
 from guestfs.explicit import ExplicitLimits
 from guestfs.fuse_binding import load_binding
 from guestfs.fusefs import REVALIDATE, make_operations
@@ -134,13 +135,17 @@ def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
 
 def is_guestfs_mount(path: str) -> bool:
     """A live guestfs mount at ``path``: our mount table names it, and a child process
-    can list it (raises MountUnresponsive when the daemon does not answer)."""
+    reads the daemon's status file there (raises MountUnresponsive when the daemon does
+    not answer). A read, not only a listing: between our look at the mount table and the
+    child's, a starting daemon may detach the stale mount it replaces, and the directory
+    beneath lists fine (a test then opened proc/meminfo there: ENOENT)."""
     entry = mount_entry(path)
     if entry is None:
         return False
     mp = entry.mount_point
     if entry.fstype == f"fuse.{FSNAME}":
-        return probe_mount(mp)[0] != errno.ENOTCONN
+        err, data = probe_mount(mp, STATUS_PATH)
+        return err == 0 and bool(data)
     if entry.fstype == "fuse":
         # gVisor shows neither the subtype nor the fsname: look at the layout.
         return _serves(mp)
