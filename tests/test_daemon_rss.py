@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestfs.mountcmd import is_guestfs_mount
-from guestfs.runcmd import stop_process
-from guestfs.selfexec import guestfs_argv
-from guestfs.view import SERVED_FILES
+from guestfs.commands.mountcmd import is_guestfs_mount
+from guestfs.commands.runcmd import stop_process
+from guestfs.render.files import SERVED_FILES
+from guestfs.system.selfexec import guestfs_argv
 from tests.fusemount import private_mountpoint, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

@@ -1,4 +1,4 @@
-from guestfs.mountinfo import parse_mountinfo, unescape
+from guestfs.sources.mountinfo import parse_mountinfo, unescape
 
 HYBRID = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

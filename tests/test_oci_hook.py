@@ -16,7 +16,7 @@ import tempfile
 
 import pytest
 
-from guestfs import ocihook
+from guestfs.commands import ocihook
 from tests.fusemount import mounted, wait_for
 
 

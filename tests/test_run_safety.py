@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.selfexec import BOOT, guestfs_argv
+from guestfs.system.selfexec import BOOT, guestfs_argv
 from tests.fusemount import force_unmount, private_mountpoint, require_fuse
 
 GUESTFS = str(Path(sys.executable).parent / "guestfs")  # the installed console script

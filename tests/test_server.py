@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from guestfs.explicit import ExplicitLimits, ExplicitSettings, collect_explicit
-from guestfs.hostroot import HostRoot
-from guestfs.server import ServerConfig, UnseenReader, ViewServer
+from guestfs.daemon.server import ServerConfig, UnseenReader, ViewServer
+from guestfs.engine.explicit import ExplicitLimits, ExplicitSettings, collect_explicit
+from guestfs.sources.hostroot import HostRoot
 from tests.conftest import fixture_root
 from tests.render_helpers import meminfo_kb
 
@@ -127,7 +127,7 @@ def test_loadavg_state_is_sampled():
 
 
 def test_open_snapshots_are_bounded_by_entries_whatever_their_size():
-    from guestfs.fusefs import OpenSnapshots
+    from guestfs.daemon.fusefs import OpenSnapshots
 
     snaps = OpenSnapshots(max_entries=100)
     for fh in range(1, 100_001):       # 10^5 opens of a 4-byte file, never closed
@@ -139,7 +139,7 @@ def test_open_snapshots_are_bounded_by_entries_whatever_their_size():
 
 
 def test_open_snapshots_are_bounded_oldest_first():
-    from guestfs.fusefs import OpenSnapshots
+    from guestfs.daemon.fusefs import OpenSnapshots
 
     snaps = OpenSnapshots(max_bytes=10 + 2 * OpenSnapshots.ENTRY_OVERHEAD)
     snaps.put(1, b"aaaa")
@@ -221,7 +221,7 @@ def test_files_report_one_page_only_while_every_rendering_fits_in_one(copy_fixtu
     fault in) and procfs's 0 for longer ones, and for a file once a rendering outgrew it."""
     import types
 
-    from guestfs.fusefs import PAGE, make_operations, page_sized_files
+    from guestfs.daemon.fusefs import PAGE, make_operations, page_sized_files
 
     root = copy_fixture("k8s-systemd-v2-burstable")
     (root / "proc/cpuinfo").write_text("processor\t: 0\n" * 400)   # 5600 bytes

@@ -7,7 +7,7 @@ glibc's get_nprocs() (os.cpu_count(), getconf _NPROCESSORS_ONLN, Node's os.cpus(
 
 from __future__ import annotations
 
-from guestfs.limits import EffectiveLimits
+from guestfs.engine.limits import EffectiveLimits
 
 
 def cpus_limited(lim: EffectiveLimits) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from guestfs.limits import EffectiveLimits
+from guestfs.engine.limits import EffectiveLimits
 
 # meminfo line -> memory.stat key(s) (exact matches; LXCFS's prefix matching lets
 # "file" swallow "file_mapped" and "total_rss" swallow "total_rss_huge").

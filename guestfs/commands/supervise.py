@@ -23,9 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from guestfs import mountlock, sysmount
-from guestfs.mountcmd import is_guestfs_mount
-from guestfs.mountinfo import unescape
+from guestfs.commands import mountlock
+from guestfs.commands.mountcmd import is_guestfs_mount
+from guestfs.sources.mountinfo import unescape
+from guestfs.system import sysmount
 
 log = logging.getLogger("guestfs.run")
 

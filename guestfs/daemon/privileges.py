@@ -30,8 +30,8 @@ import signal
 import threading
 from dataclasses import dataclass
 
-from guestfs import sysmount
-from guestfs.caps import (
+from guestfs.system import sysmount
+from guestfs.system.caps import (
     CAP_SYS_PTRACE,
     PR_CAP_AMBIENT,
     PR_CAP_AMBIENT_CLEAR_ALL,
@@ -134,7 +134,7 @@ def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
     it). Where there is no interpreter to exec, the child waits as a plain fork. Call it
     while single-threaded: the child runs Python after fork."""
     from guestfs._boot import UNMOUNT_WATCHER
-    from guestfs.selfexec import BOOT, SelfExecError, interpreter
+    from guestfs.system.selfexec import BOOT, SelfExecError, interpreter
 
     r, w = os.pipe()
     try:

@@ -17,9 +17,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from guestfs.caps import CAP_SYS_ADMIN, drop_capability
-from guestfs.oomadj import OomPlan, apply_to_app
-from guestfs.timens import enter_container_boottime
+from guestfs.commands.oomadj import OomPlan, apply_to_app
+from guestfs.sources.timens import enter_container_boottime
+from guestfs.system.caps import CAP_SYS_ADMIN, drop_capability
 
 
 class AppSetupError(OSError):

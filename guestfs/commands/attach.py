@@ -36,9 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from guestfs import sysmount
-from guestfs.containerdirs import BadKey, key_of_cgroup_text
-from guestfs.view import BOUND_BY_DEFAULT
+from guestfs.render.files import BOUND_BY_DEFAULT
+from guestfs.sources.containerdirs import BadKey, key_of_cgroup_text
+from guestfs.system import sysmount
 
 log = logging.getLogger("guestfs.attach")
 MAX_STACKED = 8           # stale binds peeled from one target before giving up

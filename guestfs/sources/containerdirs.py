@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote
 
-from guestfs.cgroup_path import level_paths
-from guestfs.hostroot import HostRoot
-from guestfs.mountinfo import read_cgroup_mounts
-from guestfs.proc_cgroup import CgroupMembership, parse_proc_cgroup
+from guestfs.sources.cgroup_path import level_paths
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.mountinfo import read_cgroup_mounts
+from guestfs.sources.proc_cgroup import CgroupMembership, parse_proc_cgroup
 
 # The controller whose path names a container on a v1 or hybrid host: memory carries the
 # limit people ask about, and runtimes give every controller the same path.

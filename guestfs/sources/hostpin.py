@@ -17,8 +17,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from guestfs import sysmount
-from guestfs.hostroot import HostReadError, HostRoot, pread_all
+from guestfs.sources.hostroot import HostReadError, HostRoot, pread_all
+from guestfs.system import sysmount
 
 log = logging.getLogger("guestfs.hostpin")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from guestfs.hostroot import HostRoot
+from guestfs.sources.hostroot import HostRoot
 
 CLONE_NEWTIME = 0x80
 

@@ -15,18 +15,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from types import MappingProxyType
 
-from guestfs.cgroup_files import (
-    V1_UNLIMITED,
-    parse_cfs,
-    parse_counter,
-    parse_cpu_list,
-    parse_cpu_max,
-    parse_flat_keyed,
-    parse_limit_bytes,
-)
-from guestfs.explicit import ExplicitLimits
-from guestfs.host_proc import HostInfo
-from guestfs.provenance import (
+from guestfs.engine.explicit import ExplicitLimits
+from guestfs.engine.provenance import (
     CGROUP,
     CGROUP_HIERARCHICAL,
     HOST,
@@ -35,7 +25,17 @@ from guestfs.provenance import (
     Source,
     pick_min,
 )
-from guestfs.snapshot import LIMIT_CONTROLLERS, Hierarchy, Level, Snapshot
+from guestfs.sources.cgroup_files import (
+    V1_UNLIMITED,
+    parse_cfs,
+    parse_counter,
+    parse_cpu_list,
+    parse_cpu_max,
+    parse_flat_keyed,
+    parse_limit_bytes,
+)
+from guestfs.sources.host_proc import HostInfo
+from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Hierarchy, Level, Snapshot
 
 ROUNDINGS = ("ceil", "floor", "round")
 

@@ -10,23 +10,23 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from guestfs import DEFAULT_HOOK_SOURCE, DEFAULT_MOUNTPOINT, __version__
-from guestfs.daemon_status import format_status, read_status
-from guestfs.explain import json_text, to_json, to_text
-from guestfs.explicit import (
+from guestfs.commands.explain import json_text, to_json, to_text
+from guestfs.daemon.daemon_status import format_status, read_status
+from guestfs.daemon.fuse_binding import BINDINGS
+from guestfs.daemon.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
+from guestfs.engine.explicit import (
     ExplicitLimitError,
     ExplicitLimits,
     ExplicitSettings,
     collect_explicit,
 )
-from guestfs.fuse_binding import BINDINGS
-from guestfs.host_proc import HostInfoError
-from guestfs.hostroot import HostReadError, HostRoot
-from guestfs.limits import ROUNDINGS, EffectiveLimits, effective_limits
-from guestfs.oneline import one_line
-from guestfs.proc_cgroup import PidGone
-from guestfs.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
-from guestfs.snapshot import Snapshot, read_snapshot
-from guestfs.view import SERVED_FILES, render_file
+from guestfs.engine.limits import ROUNDINGS, EffectiveLimits, effective_limits
+from guestfs.render.files import SERVED_FILES, render_file
+from guestfs.sources.host_proc import HostInfoError
+from guestfs.sources.hostroot import HostReadError, HostRoot
+from guestfs.sources.proc_cgroup import PidGone
+from guestfs.sources.snapshot import Snapshot, read_snapshot
+from guestfs.system.oneline import one_line
 
 ENV_CPU_ROUNDING = "GUESTFS_CPU_ROUNDING"
 
@@ -226,9 +226,9 @@ def add_run_privilege_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from guestfs.fuse_binding import BindingError
-    from guestfs.lowmem import one_malloc_arena
-    from guestfs.mountcmd import MountError, MountOptions, serve, setup_logging
+    from guestfs.commands.mountcmd import MountError, MountOptions, serve, setup_logging
+    from guestfs.daemon.fuse_binding import BindingError
+    from guestfs.daemon.lowmem import one_malloc_arena
 
     one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose)
@@ -248,8 +248,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guestfs.mountcmd import MountError, refuse_symlink, setup_logging
-    from guestfs.runcmd import RunError, run
+    from guestfs.commands.mountcmd import MountError, refuse_symlink, setup_logging
+    from guestfs.commands.runcmd import RunError, run
 
     setup_logging(args.verbose)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -268,8 +268,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from guestfs.attach import attach, watch
-    from guestfs.mountcmd import setup_logging
+    from guestfs.commands.attach import attach, watch
+    from guestfs.commands.mountcmd import setup_logging
 
     setup_logging(args.verbose)
     try:
@@ -289,7 +289,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_oci_hook(args: argparse.Namespace) -> int:
-    from guestfs.ocihook import main as hook_main
+    from guestfs.commands.ocihook import main as hook_main
 
     return hook_main(args.source, args.strict, args.per_container, args.timeout,
                      verbose=args.verbose, log_file=args.log_file)

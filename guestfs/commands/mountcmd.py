@@ -15,16 +15,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from guestfs import mountlock, privileges, sysmount
-from guestfs.explicit import ExplicitLimits
-from guestfs.fuse_binding import load_binding
-from guestfs.fusefs import REVALIDATE, make_operations
-from guestfs.hostpin import pin_host_files
-from guestfs.mountinfo import MountEntry, parse_mount_entries
-from guestfs.oneline import one_line
-from guestfs.safefile import OpenedFile, open_private, remove_if_same, write_pid
-from guestfs.server import ServerConfig, ViewServer
-from guestfs.view import SERVED_FILES
+from guestfs.commands import mountlock
+from guestfs.daemon import privileges
+from guestfs.daemon.fuse_binding import load_binding
+from guestfs.daemon.fusefs import REVALIDATE, make_operations
+from guestfs.daemon.server import ServerConfig, ViewServer
+from guestfs.engine.explicit import ExplicitLimits
+from guestfs.render.files import SERVED_FILES
+from guestfs.sources.hostpin import pin_host_files
+from guestfs.sources.mountinfo import MountEntry, parse_mount_entries
+from guestfs.system import sysmount
+from guestfs.system.oneline import one_line
+from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid
 
 log = logging.getLogger("guestfs.mount")
 FSNAME = "guestfs"
@@ -307,7 +309,7 @@ def _daemonize(opts: MountOptions, log_file: OpenedFile | None) -> None:
 def open_output_files(opts: MountOptions) -> tuple[OpenedFile | None, OpenedFile | None]:
     """The pid file and the log file, opened before anything else (and before detaching,
     so a bad path is reported on the terminal): never through a symlink, never a file
-    that is not ours (guestfs.safefile)."""
+    that is not ours (guestfs.system.safefile)."""
     pid_file = open_private(opts.pid_file, "--pid-file", append=False) \
         if opts.pid_file else None
     try:

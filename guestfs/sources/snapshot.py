@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from guestfs.cgroup_path import leaves_namespace, level_paths, pick_mount
-from guestfs.host_proc import HostInfo, read_host_info
-from guestfs.hostroot import HostRoot
-from guestfs.mountinfo import CgroupMount, read_cgroup_mounts
-from guestfs.proc_cgroup import CgroupMembership, read_proc_cgroup
+from guestfs.sources.cgroup_path import leaves_namespace, level_paths, pick_mount
+from guestfs.sources.host_proc import HostInfo, read_host_info
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.mountinfo import CgroupMount, read_cgroup_mounts
+from guestfs.sources.proc_cgroup import CgroupMembership, read_proc_cgroup
 
 # Files read at every level, per controller and cgroup version.
 CONTROLLER_FILES: dict[tuple[str, int], tuple[str, ...]] = {

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from guestfs.provenance import DOWNWARD_API, ENV, OPTION, Candidate, Source
-from guestfs.quantity import (
+from guestfs.engine.provenance import DOWNWARD_API, ENV, OPTION, Candidate, Source
+from guestfs.engine.quantity import (
     in_range,
     parse_cpu_quantity,
     parse_memory_quantity,

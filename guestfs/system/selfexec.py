@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot.py")
+BOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_boot.py")
 
 
 class SelfExecError(RuntimeError):

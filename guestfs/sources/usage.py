@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from guestfs.cgroup_files import parse_flat_keyed
-from guestfs.hostroot import HostRoot
-from guestfs.limits import EffectiveLimits
-from guestfs.provenance import CGROUP
-from guestfs.snapshot import Hierarchy, Level, Snapshot
+from guestfs.engine.limits import EffectiveLimits
+from guestfs.engine.provenance import CGROUP
+from guestfs.sources.cgroup_files import parse_flat_keyed
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.snapshot import Hierarchy, Level, Snapshot
 
 USER_HZ = 100  # what /proc/stat counts in on every Linux ABI, whatever CONFIG_HZ is
 

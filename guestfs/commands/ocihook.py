@@ -29,11 +29,12 @@ import re
 import sys
 from typing import Any, TextIO
 
-from guestfs import DEFAULT_HOOK_SOURCE, sysmount
-from guestfs.attach import attach_in_child, check_target, run_in_child
-from guestfs.containerdirs import BadKey, container_cgroup, dir_key
-from guestfs.oneline import one_line
-from guestfs.proc_cgroup import parse_proc_cgroup
+from guestfs import DEFAULT_HOOK_SOURCE
+from guestfs.commands.attach import attach_in_child, check_target, run_in_child
+from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
+from guestfs.sources.proc_cgroup import parse_proc_cgroup
+from guestfs.system import sysmount
+from guestfs.system.oneline import one_line
 
 DEFAULT_SOURCE = DEFAULT_HOOK_SOURCE
 DEFAULT_TIMEOUT = 5.0
@@ -179,7 +180,7 @@ def main(source: str = DEFAULT_SOURCE, strict: bool = False,
         print(line, file=sys.stderr)
         if log_file:
             # Root writing a path: never through a symlink or into a file not ours.
-            from guestfs.safefile import open_private
+            from guestfs.system.safefile import open_private
 
             try:
                 opened = open_private(log_file, "--log-file", append=True)

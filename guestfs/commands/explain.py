@@ -6,9 +6,9 @@ import json
 from fractions import Fraction
 from typing import Any
 
-from guestfs.cgroup_files import format_cpu_list
-from guestfs.limits import EffectiveLimits, MemoryUsage
-from guestfs.provenance import Candidate, Resolved
+from guestfs.engine.limits import EffectiveLimits, MemoryUsage
+from guestfs.engine.provenance import Candidate, Resolved
+from guestfs.sources.cgroup_files import format_cpu_list
 
 JSON_SCHEMA_VERSION = 1
 

@@ -13,13 +13,14 @@ import sys
 import tempfile
 import threading
 
-from guestfs import supervise, sysmount
-from guestfs.apppriv import AppSetup, prepare_app
-from guestfs.hostroot import pread_all
-from guestfs.mountcmd import is_guestfs_mount, wait_until
-from guestfs.oomadj import shield_wrapper
-from guestfs.selfexec import guestfs_argv
-from guestfs.view import BOUND_BY_DEFAULT, SERVED_FILES
+from guestfs.commands import supervise
+from guestfs.commands.apppriv import AppSetup, prepare_app
+from guestfs.commands.mountcmd import is_guestfs_mount, wait_until
+from guestfs.commands.oomadj import shield_wrapper
+from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
+from guestfs.sources.hostroot import pread_all
+from guestfs.system import sysmount
+from guestfs.system.selfexec import guestfs_argv
 
 log = logging.getLogger("guestfs.run")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -65,7 +66,7 @@ def check_reused_view(mp: str) -> None:
     """A live mount at ``mp`` serving a fixed view of the daemon's own cgroup (what run
     starts) is reused only by a run in that same cgroup: another cgroup's limits must not
     be served to this CMD."""
-    from guestfs.daemon_status import read_status
+    from guestfs.daemon.daemon_status import read_status
 
     try:
         theirs = read_status(mp).get("self_cgroup")

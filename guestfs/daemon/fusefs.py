@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from guestfs.containerdirs import BadKey, cgroup_exists, path_of_key
-from guestfs.daemon_status import STATUS_PATH
-from guestfs.hostroot import HostRoot
-from guestfs.server import UNCACHED, UnseenReader, ViewServer
-from guestfs.view import SERVED_FILES
+from guestfs.daemon.daemon_status import STATUS_PATH
+from guestfs.daemon.server import UNCACHED, UnseenReader, ViewServer
+from guestfs.render.files import SERVED_FILES
+from guestfs.sources.containerdirs import BadKey, cgroup_exists, path_of_key
+from guestfs.sources.hostroot import HostRoot
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444

@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from guestfs.mountinfo import CgroupMount
+from guestfs.sources.mountinfo import CgroupMount
 
 
 def components(path: str) -> list[str]:

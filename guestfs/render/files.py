@@ -9,17 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from guestfs.host_proc import parse_uptime
-from guestfs.hostroot import HostRoot
-from guestfs.limits import EffectiveLimits
+from guestfs.engine.limits import EffectiveLimits
 from guestfs.render.cpu import cpus_limited, render_cpu_list, render_cpuinfo
 from guestfs.render.diskstats import render_diskstats
 from guestfs.render.loadavg import LoadAverage, render_loadavg
 from guestfs.render.meminfo import memory_limited, render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, render_stat, shift_btime
 from guestfs.render.uptime import render_uptime
-from guestfs.snapshot import Snapshot
-from guestfs.usage import (
+from guestfs.sources.host_proc import parse_uptime
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.snapshot import Snapshot
+from guestfs.sources.usage import (
     ContainerAge,
     CpuUsage,
     TaskCounts,

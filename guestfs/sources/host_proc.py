@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from guestfs.cgroup_files import parse_cpu_list
-from guestfs.hostroot import HostRoot
+from guestfs.sources.cgroup_files import parse_cpu_list
+from guestfs.sources.hostroot import HostRoot
 
 
 def parse_uptime(text: str) -> float:

@@ -20,16 +20,21 @@ from dataclasses import dataclass, field
 
 from cachetools import LRUCache, TTLCache
 
-from guestfs.daemon_status import STATUS_PATH
-from guestfs.explicit import ExplicitLimits
-from guestfs.hostroot import HostRoot
-from guestfs.limits import EffectiveLimits, effective_limits
-from guestfs.proc_cgroup import PidGone, parse_proc_cgroup
+from guestfs.daemon.daemon_status import STATUS_PATH
+from guestfs.engine.explicit import ExplicitLimits
+from guestfs.engine.limits import EffectiveLimits, effective_limits
+from guestfs.render.files import ViewState, render_file
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
-from guestfs.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
-from guestfs.timens import read_boottime_offset
-from guestfs.usage import container_incarnation, pidns_init, read_start_ticks, read_task_counts
-from guestfs.view import ViewState, render_file
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup
+from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
+from guestfs.sources.timens import read_boottime_offset
+from guestfs.sources.usage import (
+    container_incarnation,
+    pidns_init,
+    read_start_ticks,
+    read_task_counts,
+)
 
 log = logging.getLogger("guestfs.server")
 
