@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from guestfs.commands import mountlock
-from guestfs.commands.mountcmd import MountError, hold_mount_lock
+from guestfs.commands.mountcmd import hold_mount_lock
+from guestfs.system.mountpoint import MountError
 from tests.fusemount import force_unmount, require_fuse, wait_for
 
 

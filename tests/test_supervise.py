@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from guestfs.commands import supervise
-from guestfs.commands.mountcmd import is_guestfs_mount
 from guestfs.commands.runcmd import stop_process
+from guestfs.system.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

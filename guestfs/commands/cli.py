@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -226,9 +227,10 @@ def add_run_privilege_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from guestfs.commands.mountcmd import MountError, MountOptions, serve, setup_logging
+    from guestfs.commands.mountcmd import MountOptions, serve
     from guestfs.daemon.fuse_binding import BindingError
     from guestfs.daemon.lowmem import one_malloc_arena
+    from guestfs.system.mountpoint import MountError
 
     one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose)
@@ -248,8 +250,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guestfs.commands.mountcmd import MountError, refuse_symlink, setup_logging
     from guestfs.commands.runcmd import RunError, run
+    from guestfs.system.mountpoint import MountError, refuse_symlink
 
     setup_logging(args.verbose)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -269,7 +271,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_attach(args: argparse.Namespace) -> int:
     from guestfs.commands.attach import attach, watch
-    from guestfs.commands.mountcmd import setup_logging
 
     setup_logging(args.verbose)
     try:
@@ -438,3 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO,
+                        format="guestfs[%(process)d] %(levelname)s %(name)s: %(message)s")

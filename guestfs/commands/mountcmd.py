@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from guestfs.commands import mountlock
@@ -23,22 +20,25 @@ from guestfs.daemon.server import ServerConfig, ViewServer
 from guestfs.engine.explicit import ExplicitLimits
 from guestfs.render.files import SERVED_FILES
 from guestfs.sources.hostpin import pin_host_files
-from guestfs.sources.mountinfo import MountEntry, parse_mount_entries
 from guestfs.system import sysmount
+from guestfs.system.mountpoint import (
+    FSNAME,
+    MountError,
+    MountUnresponsive,
+    is_guestfs_mount,
+    is_stale_mount,
+    mount_entry,
+    probe_mount,
+    refuse_symlink,
+    wait_until,
+)
 from guestfs.system.oneline import one_line
 from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid
 
 log = logging.getLogger("guestfs.mount")
-FSNAME = "guestfs"
 ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
-PROBE_FILE = "/sys/devices/system/cpu/online"  # served with a sysfs-style size of 4096
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
-PROBE_TIMEOUT = 5.0  # how long a probe waits for a FUSE mount to answer
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
-
-
-class MountError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -56,111 +56,6 @@ class MountOptions:
     log_file: str | None = None
     exit_when_unused: bool = False
     per_container: bool = False
-
-
-class MountUnresponsive(OSError):
-    """A FUSE mount whose daemon does not answer (stopped with SIGSTOP, or wedged): any
-    stat, listing or read of it would block forever, so our probes give up with this."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-def canonical_mountpoint(path: str) -> str:
-    """``path`` as the mount table spells it, found without a stat of ``path`` itself (a
-    stat of a mount served by a stopped daemon never returns): only its parent is resolved."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    return os.path.join(os.path.realpath(parent), name) if name else path
-
-
-def mount_entry(path: str) -> MountEntry | None:
-    """The topmost mount at ``path`` in our mount table, or None. Reads only
-    /proc/self/mountinfo, never the mount itself, so it cannot hang."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
-    except OSError:
-        return None
-    path = canonical_mountpoint(path)
-    found = [e for e in parse_mount_entries(text) if e.mount_point == path]
-    return found[-1] if found else None
-
-
-# Run by a child: list the mount point, then read up to LIMIT bytes of one file under it;
-# print the errno of the first failure (0 for none) on the first line, the data after it.
-_PROBE = """import os, sys
-mp, name, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
-try:
-    os.listdir(mp)
-    data = b""
-    if name:
-        with open(mp + name, "rb") as f:
-            data = f.read(limit)
-except OSError as e:
-    sys.stdout.write(str(e.errno or 0) + "\\n")
-else:
-    sys.stdout.buffer.write(b"0\\n" + data)
-"""
-
-
-def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
-                limit: int = 4096) -> tuple[int, bytes]:
-    """List ``mp`` (and read up to ``limit`` bytes of ``mp + name``) from a child process:
-    (errno or 0, data).
-
-    Never from this process: a FUSE request to a stopped daemon waits forever, and only a
-    fatal signal ends it, so the child is killed after ``timeout`` and MountUnresponsive
-    raised. Our own interpreter by absolute path, isolated (-I -S): nothing is imported
-    from the working directory."""
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE, mp, name, str(limit)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, close_fds=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        # A FUSE wait is killable; should the child still not go, it is not waited for.
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=1.0)
-        raise MountUnresponsive(
-            errno.ETIMEDOUT, f"{mp}: the FUSE mount does not answer within {timeout:g}s "
-            f"(its daemon is stopped or hung: SIGCONT it, or detach it with umount -l)"
-        ) from None
-    head, _, data = out.partition(b"\n")
-    try:
-        return int(head), data
-    except ValueError:
-        return errno.EIO, b""   # the child died before answering
-
-
-def is_guestfs_mount(path: str) -> bool:
-    """A live guestfs mount at ``path``: our mount table names it, and a child process
-    can list it (raises MountUnresponsive when the daemon does not answer)."""
-    entry = mount_entry(path)
-    if entry is None:
-        return False
-    mp = entry.mount_point
-    if entry.fstype == f"fuse.{FSNAME}":
-        return probe_mount(mp)[0] != errno.ENOTCONN
-    if entry.fstype == "fuse":
-        # gVisor shows neither the subtype nor the fsname: look at the layout.
-        return _serves(mp)
-    return False
-
-
-def is_stale_mount(path: str) -> bool:
-    """A FUSE mount at ``path`` whose daemon died ("Transport endpoint is not connected"),
-    found without touching the mount from this process."""
-    entry = mount_entry(path)
-    return (entry is not None and entry.fstype.startswith("fuse")
-            and probe_mount(entry.mount_point)[0] == errno.ENOTCONN)
-
-
-def _serves(mp: str) -> bool:
-    """``mp`` answers with guestfs's layout (its sysfs-style file has a non-zero size)."""
-    err, data = probe_mount(mp, PROBE_FILE)
-    return err == 0 and bool(data)
 
 
 def _read_own(mp: str, name: str) -> bytes | None:
@@ -220,14 +115,6 @@ def prepare_mountpoint(mp: str) -> None:
     refuse_symlink(mp)
 
 
-def refuse_symlink(mp: str) -> None:
-    """mount(2) follows a symlink at its target: one planted in /tmp by another user would
-    have root mount the filesystem over whatever it points to (/etc). Only looked at when
-    ``mp`` is not a mount (an lstat of a stopped daemon's mount point would hang)."""
-    if mount_entry(mp) is None and os.path.islink(mp):
-        raise MountError(f"{mp} is a symbolic link; give the directory itself")
-
-
 def hold_mount_lock(mp: str, timeout: float = 1.0) -> int:
     """Take ``mp``'s mount lock for the life of this process (the descriptor is returned and
     must stay open): one guestfs mount per mountpoint. Taken before the mountpoint is even
@@ -262,16 +149,6 @@ def exit_when_unused(mp: str, interval: float = 0.25, grace: float = 2.0) -> lis
 
     threading.Thread(target=loop, name="guestfs-users", daemon=True).start()
     return held
-
-
-def wait_until(ready: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
-    """Poll ``ready`` until it holds (True) or ``timeout`` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-    return True
 
 
 def wait_mounted(mp: str, child_pid: int | None = None, timeout: float = 20.0) -> bool:
@@ -407,8 +284,3 @@ def serve(opts: MountOptions) -> int:
     log.info("unmounted %s (%d reads fell back to host files, %d refused; %d open renderings "
              "kept)", mp, server.errors, sum(server.refusals.values()), len(ops.kept_renderings))
     return 0
-
-
-def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO,
-                        format="guestfs[%(process)d] %(levelname)s %(name)s: %(message)s")
