@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from guestfs.commands.runcmd import stop_process
+from guestfs.daemon.mountpoint import is_guestfs_mount, mount_entry
 from guestfs.system import sysmount
-from guestfs.system.mountpoint import is_guestfs_mount, mount_entry
 
 
 def require_fuse() -> None:

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from guestfs.commands.runcmd import stop_process
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.render.files import SERVED_FILES
-from guestfs.system.mountpoint import is_guestfs_mount
 from guestfs.system.selfexec import guestfs_argv
 from tests.fusemount import private_mountpoint, require_fuse, wait_for
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from guestfs.system.mountpoint import is_guestfs_mount
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

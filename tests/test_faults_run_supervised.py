@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.system import sysmount
-from guestfs.system.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

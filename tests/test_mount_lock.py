@@ -15,7 +15,7 @@ import pytest
 
 from guestfs.commands import mountlock
 from guestfs.commands.mountcmd import hold_mount_lock
-from guestfs.system.mountpoint import MountError
+from guestfs.daemon.mountpoint import MountError
 from tests.fusemount import force_unmount, require_fuse, wait_for
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from guestfs.commands import supervise
 from guestfs.commands.runcmd import stop_process
-from guestfs.system.mountpoint import is_guestfs_mount
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

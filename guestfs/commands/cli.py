@@ -230,7 +230,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.commands.mountcmd import MountOptions, serve
     from guestfs.daemon.fuse_binding import BindingError
     from guestfs.daemon.lowmem import one_malloc_arena
-    from guestfs.system.mountpoint import MountError
+    from guestfs.daemon.mountpoint import MountError
 
     one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose)
@@ -251,7 +251,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from guestfs.commands.runcmd import RunError, run
-    from guestfs.system.mountpoint import MountError, refuse_symlink
+    from guestfs.daemon.mountpoint import MountError, refuse_symlink
 
     setup_logging(args.verbose)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

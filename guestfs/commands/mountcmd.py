@@ -16,12 +16,7 @@ from guestfs.commands import mountlock
 from guestfs.daemon import privileges
 from guestfs.daemon.fuse_binding import load_binding
 from guestfs.daemon.fusefs import REVALIDATE, make_operations
-from guestfs.daemon.server import ServerConfig, ViewServer
-from guestfs.engine.explicit import ExplicitLimits
-from guestfs.render.files import SERVED_FILES
-from guestfs.sources.hostpin import pin_host_files
-from guestfs.system import sysmount
-from guestfs.system.mountpoint import (
+from guestfs.daemon.mountpoint import (
     FSNAME,
     MountError,
     MountUnresponsive,
@@ -32,6 +27,11 @@ from guestfs.system.mountpoint import (
     refuse_symlink,
     wait_until,
 )
+from guestfs.daemon.server import ServerConfig, ViewServer
+from guestfs.engine.explicit import ExplicitLimits
+from guestfs.render.files import SERVED_FILES
+from guestfs.sources.hostpin import pin_host_files
+from guestfs.system import sysmount
 from guestfs.system.oneline import one_line
 from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid
 

@@ -16,10 +16,10 @@ import threading
 from guestfs.commands import supervise
 from guestfs.commands.apppriv import AppSetup, prepare_app
 from guestfs.commands.oomadj import shield_wrapper
+from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
 from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
 from guestfs.sources.hostroot import pread_all
 from guestfs.system import sysmount
-from guestfs.system.mountpoint import is_guestfs_mount, wait_until
 from guestfs.system.selfexec import guestfs_argv
 
 log = logging.getLogger("guestfs.run")

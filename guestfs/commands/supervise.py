@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 
 from guestfs.commands import mountlock
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.sources.mountinfo import unescape
 from guestfs.system import sysmount
-from guestfs.system.mountpoint import is_guestfs_mount
 
 log = logging.getLogger("guestfs.run")
 

@@ -17,7 +17,7 @@ def read_status(mountpoint: str, timeout: float = 5.0) -> dict[str, Any]:
     timeout (mountpoint.probe_mount): a stopped daemon blocks every reader of its mount, and
     explain must not hang with it. Raises OSError with a one-line reason."""
     # Here, not at the top: explain must not load the daemon's modules unless asked.
-    from guestfs.system.mountpoint import probe_mount
+    from guestfs.daemon.mountpoint import probe_mount
 
     path = mountpoint.rstrip("/") + STATUS_PATH
     err, data = probe_mount(mountpoint.rstrip("/") or "/", STATUS_PATH, timeout, 1 << 20)
