@@ -153,7 +153,7 @@ def read_all(mp: str, n: int, order: str) -> None:
 
 def daemon_rss(args: list[str], reads: int, order: str, env: dict[str, str]) -> list[str]:
     sys.path.insert(0, str(REPO))
-    from guestfs.system.mountpoint import is_guestfs_mount
+    from guestfs.daemon.mountpoint import is_guestfs_mount
     from tests.fusemount import force_unmount, wait_for
 
     base = tempfile.mkdtemp(prefix="guestfs-rss-")

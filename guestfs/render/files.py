@@ -47,10 +47,6 @@ SERVED_FILES = ("/proc/meminfo", "/proc/cpuinfo", "/proc/stat", "/proc/uptime",
 BOUND_BY_DEFAULT = tuple(f for f in SERVED_FILES if f not in PRESSURE_FILES)
 
 
-class UnknownFile(LookupError):
-    pass
-
-
 @dataclass
 class ViewState:
     """What persists between reads of one view: its CPU clock (/proc/stat, uptime's idle),
@@ -186,7 +182,7 @@ def render_file(path: str, host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
     """The text guestfs serves at guest ``path``; the host file is read under ``host``."""
     renderer = RENDERERS.get(path)
     if renderer is None:
-        raise UnknownFile(path)
+        raise KeyError(f"not a served file: {path}")
     text = host.read_text(path)
     ctx = RenderContext(host, snap, lim, state or ViewState(), exclude,
                         memo if memo is not None else {}, boot_offset)

@@ -35,11 +35,6 @@ class CgroupMount:
     # v1: controller names (and ``name=systemd`` style names); v2: empty, the controllers
     # are read from cgroup.controllers at the mount point.
     controllers: frozenset[str]
-    mount_id: int = 0
-
-
-class MountinfoError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -85,11 +80,11 @@ def parse_mountinfo(text: str) -> list[CgroupMount]:
     mounts: list[CgroupMount] = []
     for e in parse_mount_entries(text):
         if e.fstype == "cgroup2":
-            mounts.append(CgroupMount(e.mount_point, e.root, 2, frozenset(), e.mount_id))
+            mounts.append(CgroupMount(e.mount_point, e.root, 2, frozenset()))
         elif e.fstype == "cgroup":
             controllers = frozenset(o for o in e.superopts.split(",")
                                     if o and o not in _V1_NON_CONTROLLER_OPTS)
-            mounts.append(CgroupMount(e.mount_point, e.root, 1, controllers, e.mount_id))
+            mounts.append(CgroupMount(e.mount_point, e.root, 1, controllers))
     return mounts
 
 
