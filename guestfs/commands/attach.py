@@ -38,6 +38,7 @@ from typing import Any
 
 from guestfs.render.files import BOUND_BY_DEFAULT
 from guestfs.sources.containerdirs import BadKey, key_of_cgroup_text
+from guestfs.sources.hostroot import HostRoot
 from guestfs.system import sysmount
 
 log = logging.getLogger("guestfs.attach")
@@ -427,21 +428,15 @@ def attach(pid: int, source_root: str, timeout: float = CHILD_TIMEOUT,
                         res["source"])
 
 
-def mount_ns(pid: int | str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/mnt")
-    except OSError:
-        return None
-
-
 def other_namespaces() -> dict[str, int]:
     """One pid for every mount namespace other than ours (with shareProcessNamespace these
     are the pod's other containers)."""
-    own = mount_ns("self")
+    host = HostRoot()
+    own = host.ns_link("self", "mnt")
     found: dict[str, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            ns = mount_ns(entry)
+            ns = host.ns_link(entry, "mnt")
             if ns is not None and ns != own and ns not in found:
                 found[ns] = int(entry)
     return found

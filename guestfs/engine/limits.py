@@ -157,7 +157,7 @@ def _host_usage(snap: Snapshot) -> MemoryUsage | None:
 def _level_of(h: Hierarchy, source: Source) -> Level | None:
     if source.kind != CGROUP:
         return None
-    return next((lv for lv in h.levels if lv.cgroup == source.cgroup), None)
+    return h.level_named(source.cgroup)
 
 
 def _resolve_memory(snap: Snapshot, explicit: ExplicitLimits, w: _Warnings

@@ -33,6 +33,14 @@ class HostReadError(OSError):
 class HostRoot:
     root: str = "/"
 
+    def ns_link(self, pid: int | str, kind: str) -> str | None:
+        """The target of /proc/PID/ns/KIND (``pid:[4026531836]``): equal targets, one
+        namespace. None when the process is gone or the link unreadable."""
+        try:
+            return os.readlink(self.path(f"/proc/{pid}/ns/{kind}"))
+        except OSError:
+            return None
+
     def path(self, host_path: str) -> str:
         """The real path of ``host_path`` (absolute, as the host sees it) under this root."""
         if not host_path.startswith("/"):

@@ -66,6 +66,11 @@ class Hierarchy:
     def leaf(self) -> Level | None:
         return self.levels[0] if self.levels else None
 
+    def level_named(self, cgroup: str | None) -> Level | None:
+        """The visible level whose cgroup path is ``cgroup``, or None."""
+        return next((lv for lv in self.levels if lv.cgroup == cgroup), None) \
+            if cgroup is not None else None
+
 
 @dataclass(frozen=True)
 class Snapshot:

@@ -32,11 +32,7 @@ def clk_tck() -> int:
 
 def level_for(h: Hierarchy, cgroup: str | None) -> Level | None:
     """The level of ``h`` named ``cgroup`` (the one whose limit applies), else the leaf."""
-    if cgroup is not None:
-        for lv in h.levels:
-            if lv.cgroup == cgroup:
-                return lv
-    return h.leaf
+    return h.level_named(cgroup) or h.leaf
 
 
 def cpu_cgroup(lim: EffectiveLimits) -> str | None:
@@ -206,22 +202,15 @@ def read_start_ticks(host: HostRoot, pid: int | str) -> int | None:
         return None
 
 
-def _ns_link(host: HostRoot, pid: str) -> str | None:
-    try:
-        return os.readlink(host.path(f"/proc/{pid}/ns/pid"))
-    except OSError:
-        return None
-
-
 def pidns_init(host: HostRoot, pid: str) -> str | None:
     """Pid (in our namespace) of the init of ``pid``'s pid namespace."""
-    ns = _ns_link(host, pid)
+    ns = host.ns_link(pid, "pid")
     if ns is None:
         return None
-    if ns == _ns_link(host, "1"):
+    if ns == host.ns_link("1", "pid"):
         return "1"
     for entry in host.listdir("/proc"):
-        if not entry.isdigit() or _ns_link(host, entry) != ns:
+        if not entry.isdigit() or host.ns_link(entry, "pid") != ns:
             continue
         status = host.try_read_text(f"/proc/{entry}/status") or ""
         for line in status.splitlines():
@@ -293,15 +282,15 @@ def read_last_pid(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> int |
     namespace (the host file is then exact) or nothing is visible."""
     if not snap.pid.isdigit():
         return None
-    ns = _ns_link(host, snap.pid)
-    if ns is None or ns == _ns_link(host, "self"):
+    ns = host.ns_link(snap.pid, "pid")
+    if ns is None or ns == host.ns_link("self", "pid"):
         return None
     found = _process_level(snap, lim)
     if found is None:
         return None
     newest = None
     for pid in _ids_below(host, found[1].directory, "cgroup.procs"):
-        if _ns_link(host, pid) != ns:
+        if host.ns_link(pid, "pid") != ns:
             continue
         for line in (host.try_read_small(f"/proc/{pid}/status") or "").splitlines():
             if line.startswith("NSpid:") and line.split()[-1].isdigit():
