@@ -33,7 +33,11 @@ from guestfs.sources.cgroup_files import (
 from guestfs.sources.host_proc import parse_meminfo, parse_uptime
 from guestfs.sources.mountinfo import parse_mount_entries, parse_mountinfo, unescape
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
-from guestfs.sources.usage import parse_blkio_recursive, parse_cpuacct_usage_all, parse_io_stat
+from guestfs.sources.usage_parsers import (
+    parse_blkio_recursive,
+    parse_cpuacct_usage_all,
+    parse_io_stat,
+)
 
 FUZZ = settings(max_examples=500, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])

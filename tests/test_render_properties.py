@@ -13,7 +13,7 @@ from guestfs.render.cpu import render_cpu_list, render_cpuinfo
 from guestfs.render.meminfo import render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, cpu_lines, render_stat
 from guestfs.sources.host_proc import HostInfo
-from guestfs.sources.usage import CpuUsage
+from guestfs.sources.usage_parsers import CpuUsage
 from tests.conftest import fixture_root
 from tests.render_helpers import meminfo_kb
 

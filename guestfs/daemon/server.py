@@ -287,7 +287,7 @@ class ViewServer:
         born = time.monotonic()
         snap = snapshot_of(self.host, memberships, pid)
         lim = effective_limits(snap, self.config.explicit, self.config.cpu_rounding)
-        return _View(snap, lim, born, container_incarnation(self.host, snap, lim),
+        return _View(snap, lim, born, container_incarnation(self.host, snap, lim.cpu_cgroup),
                      self._own_threads())
 
     def _view(self, key: str, pid: str) -> _View:
@@ -432,7 +432,7 @@ class ViewServer:
     def _new_load(self, view: _View) -> LoadAverage:
         # As the kernel's avenrun: 0 when the container begins, one sample folded in now.
         load = LoadAverage()
-        tasks = read_task_counts(self.host, view.snap, view.lim, view.own_threads)
+        tasks = read_task_counts(self.host, view.snap, view.lim.cpu_cgroup, view.own_threads)
         if tasks is not None:
             load.sample(tasks.running + tasks.blocked)
         return load
@@ -450,7 +450,7 @@ class ViewServer:
                 view = self._view(key, "self")
                 if view.incarnation != entry.state.incarnation:
                     continue  # re-created since: the next read starts its load at 0
-                tasks = read_task_counts(self.host, view.snap, view.lim, own)
+                tasks = read_task_counts(self.host, view.snap, view.lim.cpu_cgroup, own)
             except (OSError, LookupError, ValueError) as e:
                 log.debug("load sample failed: %s", e)
                 continue

@@ -66,6 +66,19 @@ class EffectiveLimits:
     cgroup_versions: Mapping[str, int]     # controller -> 1/2 (0: none)
     warnings: tuple[str, ...]
 
+    @property
+    def cpu_cgroup(self) -> str | None:
+        """The cgroup whose CPU quota applies: CPU time, tasks and age are read there.
+        None when no cgroup sets it (the pid's own cgroup is used)."""
+        src = self.cpu_quota.source
+        return src.cgroup if src.kind == CGROUP else None
+
+    @property
+    def memory_cgroup(self) -> str | None:
+        """The cgroup whose memory limit applies, or None."""
+        src = self.memory.source
+        return src.cgroup if src.kind == CGROUP else None
+
 
 class _Warnings(list[str]):
     def bad_file(self, level: Level, name: str, err: Exception) -> None:

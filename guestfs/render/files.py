@@ -20,9 +20,6 @@ from guestfs.sources.host_proc import parse_uptime
 from guestfs.sources.hostroot import HostRoot
 from guestfs.sources.snapshot import Snapshot
 from guestfs.sources.usage import (
-    ContainerAge,
-    CpuUsage,
-    TaskCounts,
     read_container_age,
     read_cpu_usage_now,
     read_io,
@@ -30,6 +27,7 @@ from guestfs.sources.usage import (
     read_pressure,
     read_task_counts,
 )
+from guestfs.sources.usage_parsers import ContainerAge, CpuUsage, TaskCounts
 
 CPU_LIST_FILES = ("/sys/devices/system/cpu/online", "/sys/devices/system/cpu/possible",
                   "/sys/devices/system/cpu/present")
@@ -92,7 +90,7 @@ class RenderContext:
         # A read of /proc/<tid>/stat per thread of the container: once per view, not per
         # read of /proc/stat or loadavg (a top refreshing every second, a 1,000-thread JVM).
         if "tasks" not in self.memo:
-            self.memo["tasks"] = read_task_counts(self.host, self.snap, self.lim,
+            self.memo["tasks"] = read_task_counts(self.host, self.snap, self.lim.cpu_cgroup,
                                                   self.exclude)
         return self.memo["tasks"]  # type: ignore[return-value]
 
@@ -101,7 +99,7 @@ def _age_seconds(ctx: RenderContext, up: float) -> float:
     """The container's age; its start is found once per view, so every reader of the view
     gets the same age whatever pid built it, and /proc is not walked per read."""
     if ctx.state.age is None:
-        ctx.state.age = read_container_age(ctx.host, ctx.snap, ctx.lim, up)
+        ctx.state.age = read_container_age(ctx.host, ctx.snap, ctx.lim.cpu_cgroup, up)
     return ctx.state.age.seconds(up) if ctx.state.age is not None else up
 
 
@@ -110,7 +108,7 @@ def _tick_clock(ctx: RenderContext, up: float | None = None) -> None:
     # with the host uptime read just before it (``up``, when the caller has it).
     if up is None:
         up = host_uptime(ctx.host)
-    usage = read_cpu_usage_now(ctx.host, ctx.snap, ctx.lim)
+    usage = read_cpu_usage_now(ctx.host, ctx.snap, ctx.lim.cpu_cgroup)
     clock = ctx.state.clock
     if usage is None:
         # No readable CPU counter (a missing or corrupt cpu.stat): hold busy where it was
@@ -147,7 +145,7 @@ def _loadavg(ctx: RenderContext, text: str) -> str:
         return text
     load = ctx.state.load or LoadAverage.single_sample(tasks.running + tasks.blocked)
     return render_loadavg(text, load, tasks.running, tasks.total,
-                          read_last_pid(ctx.host, ctx.snap, ctx.lim))
+                          read_last_pid(ctx.host, ctx.snap, ctx.lim.cpu_cgroup))
 
 
 def _diskstats(ctx: RenderContext, text: str) -> str:
@@ -158,7 +156,8 @@ def _diskstats(ctx: RenderContext, text: str) -> str:
 
 def _pressure(resource: str) -> Callable[[RenderContext, str], str]:
     def render(ctx: RenderContext, text: str) -> str:
-        return read_pressure(ctx.snap, ctx.lim, resource) or text
+        cgroup = {"cpu": ctx.lim.cpu_cgroup, "memory": ctx.lim.memory_cgroup}.get(resource)
+        return read_pressure(ctx.snap, resource, cgroup) or text
     return render
 
 

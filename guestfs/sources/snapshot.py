@@ -1,7 +1,9 @@
 """Read everything the limits engine needs for one pid into a frozen snapshot.
 
-This is the only place that walks cgroupfs. The engine (limits.py) is a pure function of
-what is collected here, so fixtures and the real machine go through the same code.
+This is where the engine's cgroup files are read (the counters that change between reads,
+CPU time and the container's tasks, are read again per read by usage.py). The engine
+(engine/limits.py) is a pure function of what is collected here, so fixtures and the real
+machine go through the same code.
 """
 
 from __future__ import annotations

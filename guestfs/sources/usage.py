@@ -1,26 +1,38 @@
 """What the container is using right now: CPU time, tasks, I/O, pressure, its age.
 
-These are sources, like snapshot.py: plain reads under a HostRoot. The renderers take
-their results as arguments. Usage is read at the cgroup level whose limit applies (the pod
-slice when the quota sits there), so the numbers a tool divides match the limit it sees.
+These are sources, like snapshot.py: plain reads under a HostRoot. The value types and the
+pure parsers are in usage_parsers.py, which the renderers import (never this module).
+Usage is read at the cgroup level whose limit applies (the pod slice when the quota sits
+there), so the numbers a tool divides match the limit it sees; the callers name that level
+(EffectiveLimits.cpu_cgroup, .memory_cgroup).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
-from guestfs.engine.limits import EffectiveLimits
-from guestfs.engine.provenance import CGROUP
 from guestfs.sources.cgroup_files import parse_flat_keyed
 from guestfs.sources.hostroot import HostRoot
 from guestfs.sources.snapshot import Hierarchy, Level, Snapshot
+from guestfs.sources.usage_parsers import (
+    USER_HZ,
+    ContainerAge,
+    CpuUsage,
+    IoCounters,
+    TaskCounts,
+    parse_blkio_recursive,
+    parse_cpuacct_usage_all,
+    parse_io_stat,
+    stat_fields,
+    task_state,
+    valid_pressure,
+)
 
-USER_HZ = 100  # what /proc/stat counts in on every Linux ABI, whatever CONFIG_HZ is
+# Where each pressure file lives: the blkio hierarchy carries io.pressure.
+PRESSURE_CONTROLLERS = {"cpu": "cpu", "memory": "memory", "io": "blkio"}
 
 
 def clk_tck() -> int:
@@ -35,36 +47,7 @@ def level_for(h: Hierarchy, cgroup: str | None) -> Level | None:
     return h.level_named(cgroup) or h.leaf
 
 
-def cpu_cgroup(lim: EffectiveLimits) -> str | None:
-    src = lim.cpu_quota.source
-    return src.cgroup if src.kind == CGROUP else None
-
-
-def memory_cgroup(lim: EffectiveLimits) -> str | None:
-    src = lim.memory.source
-    return src.cgroup if src.kind == CGROUP else None
-
-
 # ------------------------------------------------------------------ CPU time
-
-@dataclass(frozen=True)
-class CpuUsage:
-    user_usec: int
-    system_usec: int
-    file: str
-
-
-def parse_cpuacct_usage_all(text: str) -> tuple[int, int]:
-    """v1 ``cpuacct.usage_all``: ``cpu user system`` header, then ns per host CPU."""
-    user = system = 0
-    for line in text.splitlines()[1:]:
-        parts = line.split()
-        # ASCII digits only: a negative or non-ASCII counter is dropped, never served.
-        if len(parts) == 3 and all(p.isascii() and p.isdigit() for p in parts):
-            user += int(parts[1])
-            system += int(parts[2])
-    return user // 1000, system // 1000
-
 
 def _cpu_usage(version: int, level: Level, read: Callable[[str], str | None]
                ) -> CpuUsage | None:
@@ -91,27 +74,20 @@ def _cpu_usage(version: int, level: Level, read: Callable[[str], str | None]
     return None
 
 
-def read_cpu_usage_now(host: HostRoot, snap: Snapshot, lim: EffectiveLimits
+def read_cpu_usage_now(host: HostRoot, snap: Snapshot, cgroup: str | None
                        ) -> CpuUsage | None:
     """The container's CPU time, read now. /proc/stat feeds rates (vmstat, a Prometheus
     ``rate()``): a counter up to a cache TTL old, set against the reader's clock, reads as
     more than 100 % idle. Only the counter file is read again; the snapshot's limits stay
     cached."""
     h = snap.hierarchies["cpuacct"]
-    level = level_for(h, cpu_cgroup(lim))
+    level = level_for(h, cgroup)
     if level is None:
         return None
     return _cpu_usage(h.version, level, lambda name: host.try_read_text(level.file_path(name)))
 
 
 # ------------------------------------------------------------------ tasks
-
-@dataclass(frozen=True)
-class TaskCounts:
-    running: int     # threads in R
-    blocked: int     # threads in D
-    total: int       # all threads
-
 
 def _ids_below(host: HostRoot, directory: str, name: str) -> list[str]:
     """The ids listed in file ``name`` (cgroup.procs, cgroup.threads, tasks) of
@@ -128,28 +104,18 @@ def _ids_below(host: HostRoot, directory: str, name: str) -> list[str]:
     return ids
 
 
-def stat_fields(stat_text: str) -> list[str]:
-    """/proc/<pid>/stat from field 3 (state) on; the command name before it may hold spaces
-    and parentheses, so split after its last ')'."""
-    return stat_text[stat_text.rindex(")") + 2:].split()
-
-
-def task_state(stat_text: str) -> str:
-    return stat_fields(stat_text)[0]
-
-
-def _process_level(snap: Snapshot, lim: EffectiveLimits) -> tuple[Hierarchy, Level] | None:
+def _process_level(snap: Snapshot, cgroup: str | None) -> tuple[Hierarchy, Level] | None:
     """Where the container's processes are listed: the cpu hierarchy's level whose quota
     applies (the memory hierarchy's where no cpu hierarchy is visible), else the leaf."""
     h = snap.hierarchies["cpu"] if snap.hierarchies["cpu"].levels else snap.hierarchies["memory"]
-    level = level_for(h, cpu_cgroup(lim))
+    level = level_for(h, cgroup)
     return None if level is None else (h, level)
 
 
-def container_incarnation(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> object:
+def container_incarnation(host: HostRoot, snap: Snapshot, cgroup: str | None) -> object:
     """Identity of the container's cgroup directory (where its processes are listed): a
     cgroup removed and created again at the same path gets another inode."""
-    found = _process_level(snap, lim)
+    found = _process_level(snap, cgroup)
     if found is None:
         return None
     directory = found[1].directory
@@ -160,11 +126,11 @@ def container_incarnation(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) 
     return (directory, st.st_dev, st.st_ino)
 
 
-def read_task_counts(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
+def read_task_counts(host: HostRoot, snap: Snapshot, cgroup: str | None,
                      exclude: frozenset[str] = frozenset()) -> TaskCounts | None:
     """Thread states of the container; ``exclude``: threads never counted (the daemon's
     own, when it lives in the container's cgroup under ``guestfs run``)."""
-    found = _process_level(snap, lim)
+    found = _process_level(snap, cgroup)
     if found is None:
         return None
     h, level = found
@@ -219,15 +185,6 @@ def pidns_init(host: HostRoot, pid: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class ContainerAge:
-    start: float     # host uptime (s) at which the container began
-    source: str      # what was measured
-
-    def seconds(self, host_uptime: float) -> float:
-        return max(0.0, host_uptime - self.start)
-
-
 def _member_of(host: HostRoot, pid: str, h: Hierarchy, level: Level) -> bool:
     """Whether ``pid`` sits in ``level`` or below it in hierarchy ``h``."""
     text = host.try_read_small(f"/proc/{pid}/cgroup")
@@ -244,7 +201,7 @@ def _member_of(host: HostRoot, pid: str, h: Hierarchy, level: Level) -> bool:
     return False
 
 
-def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
+def read_container_age(host: HostRoot, snap: Snapshot, cgroup: str | None,
                        host_uptime: float, tck: int | None = None) -> ContainerAge | None:
     """When the container began, from the first source that belongs to it:
     1. the init of the reader's pid namespace, if it is in the container's cgroup (a
@@ -253,7 +210,7 @@ def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
     3. the creation of the cgroup directory (its change time).
     The caller keeps the answer per view: this walks /proc at most once per container."""
     tck = tck or clk_tck()
-    found = _process_level(snap, lim)
+    found = _process_level(snap, cgroup)
     init = pidns_init(host, snap.pid)
     if init is not None and (found is None or _member_of(host, init, *found)):
         start = read_start_ticks(host, init)
@@ -274,7 +231,7 @@ def read_container_age(host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
                         f"creation of {level.directory}")
 
 
-def read_last_pid(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> int | None:
+def read_last_pid(host: HostRoot, snap: Snapshot, cgroup: str | None) -> int | None:
     """/proc/loadavg's fifth field for a reader in another pid namespace than the daemon's:
     the newest pid among the container's processes, numbered in their own namespace (the
     last field of NSpid). ns_last_pid cannot be read for another namespace: the sysctl
@@ -285,7 +242,7 @@ def read_last_pid(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> int |
     ns = host.ns_link(snap.pid, "pid")
     if ns is None or ns == host.ns_link("self", "pid"):
         return None
-    found = _process_level(snap, lim)
+    found = _process_level(snap, cgroup)
     if found is None:
         return None
     newest = None
@@ -301,65 +258,6 @@ def read_last_pid(host: HostRoot, snap: Snapshot, lim: EffectiveLimits) -> int |
 
 # ------------------------------------------------------------------ I/O and pressure
 
-@dataclass(frozen=True)
-class IoCounters:
-    rbytes: int = 0
-    wbytes: int = 0
-    rios: int = 0
-    wios: int = 0
-    dbytes: int = 0
-    dios: int = 0
-
-
-def _uint(text: str) -> int | None:
-    """A counter of ASCII digits, or None: str.isdigit() also says yes to "²", which
-    int() refuses (a corrupt io.stat raised ValueError through every diskstats read)."""
-    return int(text) if text.isascii() and text.isdigit() else None
-
-
-def parse_io_stat(text: str) -> dict[tuple[int, int], IoCounters]:
-    """v2 ``io.stat``: ``MAJ:MIN rbytes=.. wbytes=.. rios=.. wios=.. dbytes=.. dios=..``."""
-    out: dict[tuple[int, int], IoCounters] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if not parts or ":" not in parts[0]:
-            continue
-        try:
-            major, minor = (int(x) for x in parts[0].split(":", 1))
-        except ValueError:
-            continue
-        kv: dict[str, int] = {}
-        for p in parts[1:]:
-            k, _, v = p.partition("=")
-            n = _uint(v)
-            if n is not None:
-                kv[k] = n
-        out[(major, minor)] = IoCounters(**{k: kv.get(k, 0) for k in
-                                            ("rbytes", "wbytes", "rios", "wios", "dbytes",
-                                             "dios")})
-    return out
-
-
-def parse_blkio_recursive(bytes_text: str, ios_text: str) -> dict[tuple[int, int], IoCounters]:
-    """v1 ``blkio.throttle.io_service_bytes_recursive`` + ``io_serviced_recursive``
-    (``MAJ:MIN Read N`` / ``Write`` / ``Discard`` lines, then ``Total``)."""
-    acc: dict[tuple[int, int], dict[str, int]] = {}
-    for text, suffix in ((bytes_text, "bytes"), (ios_text, "ios")):
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) != 3 or ":" not in parts[0] or _uint(parts[2]) is None:
-                continue
-            try:
-                dev = tuple(int(x) for x in parts[0].split(":", 1))
-            except ValueError:
-                continue
-            op = {"Read": "r", "Write": "w", "Discard": "d"}.get(parts[1])
-            if op is None:
-                continue
-            acc.setdefault(dev, {})[op + suffix] = _uint(parts[2])  # type: ignore[index]
-    return {dev: IoCounters(**kv) for dev, kv in acc.items()}  # type: ignore[misc]
-
-
 def read_io(snap: Snapshot) -> Mapping[tuple[int, int], IoCounters] | None:
     h = snap.hierarchies["blkio"]
     if h.leaf is None:
@@ -374,28 +272,10 @@ def read_io(snap: Snapshot) -> Mapping[tuple[int, int], IoCounters] | None:
     return MappingProxyType(parse_blkio_recursive(b, n))
 
 
-_PRESSURE_LINE = re.compile(r"(some|full) avg10=\d+\.\d\d avg60=\d+\.\d\d avg300=\d+\.\d\d "
-                            r"total=\d+", re.ASCII)
-
-
-def valid_pressure(text: str | None) -> str | None:
-    """``text`` if it has the kernel's PSI shape, else None: the cgroup's file is served
-    as it is, so a corrupt one must not reach a reader (the host's is served instead)."""
-    if text is None:
-        return None
-    lines = text.splitlines()
-    if not lines or not all(_PRESSURE_LINE.fullmatch(ln) for ln in lines):
-        return None
-    return text if text.endswith("\n") else text + "\n"
-
-
-def read_pressure(snap: Snapshot, lim: EffectiveLimits, resource: str) -> str | None:
-    """The cgroup's ``<resource>.pressure`` text (v2 only), at the level whose limit
-    applies; None when there is none or it is malformed."""
-    controller, cgroup = {"cpu": ("cpu", cpu_cgroup(lim)),
-                          "memory": ("memory", memory_cgroup(lim)),
-                          "io": ("blkio", None)}[resource]
-    h = snap.hierarchies[controller]
+def read_pressure(snap: Snapshot, resource: str, cgroup: str | None) -> str | None:
+    """The cgroup's ``<resource>.pressure`` text (v2 only), at level ``cgroup`` (the one
+    whose limit applies; the leaf for None); None when there is none or it is malformed."""
+    h = snap.hierarchies[PRESSURE_CONTROLLERS[resource]]
     if h.version != 2:
         return None
     level = level_for(h, cgroup)
