@@ -23,7 +23,7 @@ from cachetools import LRUCache, TTLCache
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.engine.explicit import ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
-from guestfs.render.files import ViewState, render_file
+from guestfs.render.files import ViewState, render_file, view_tasks
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
 from guestfs.sources.hostroot import HostRoot
 from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup
@@ -432,7 +432,7 @@ class ViewServer:
     def _new_load(self, view: _View) -> LoadAverage:
         # As the kernel's avenrun: 0 when the container begins, one sample folded in now.
         load = LoadAverage()
-        tasks = read_task_counts(self.host, view.snap, view.lim.cpu_cgroup, view.own_threads)
+        tasks = view_tasks(self.host, view.snap, view.lim, view.own_threads, view.memo)
         if tasks is not None:
             load.sample(tasks.running + tasks.blocked)
         return load

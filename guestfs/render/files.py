@@ -87,12 +87,18 @@ class RenderContext:
     boot_offset: float = 0.0     # the reader's time namespace boottime offset (timens.py)
 
     def tasks(self) -> TaskCounts | None:
-        # A read of /proc/<tid>/stat per thread of the container: once per view, not per
-        # read of /proc/stat or loadavg (a top refreshing every second, a 1,000-thread JVM).
-        if "tasks" not in self.memo:
-            self.memo["tasks"] = read_task_counts(self.host, self.snap, self.lim.cpu_cgroup,
-                                                  self.exclude)
-        return self.memo["tasks"]  # type: ignore[return-value]
+        return view_tasks(self.host, self.snap, self.lim, self.exclude, self.memo)
+
+
+def view_tasks(host: HostRoot, snap: Snapshot, lim: EffectiveLimits, exclude: frozenset[str],
+               memo: dict[str, object]) -> TaskCounts | None:
+    """The container's thread states, kept in the view's ``memo``. A read of
+    /proc/<tid>/stat per thread of the container: once per view, not per read of /proc/stat
+    or loadavg (a top refreshing every second, a 1,000-thread JVM), nor again for the
+    daemon's first load sample."""
+    if "tasks" not in memo:
+        memo["tasks"] = read_task_counts(host, snap, lim.cpu_cgroup, exclude)
+    return memo["tasks"]  # type: ignore[return-value]
 
 
 def _age_seconds(ctx: RenderContext, up: float) -> float:
