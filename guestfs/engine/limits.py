@@ -66,6 +66,27 @@ class EffectiveLimits:
     cgroup_versions: Mapping[str, int]     # controller -> 1/2 (0: none)
     warnings: tuple[str, ...]
 
+    # Is this view limited? Decided here once; a renderer serves the host's file as it is
+    # when the limit it renders is not set.
+    @property
+    def memory_limited(self) -> bool:
+        return self.memory.limited or self.swap.value != self.host.swap_total
+
+    @property
+    def cpus_limited(self) -> bool:
+        """Fewer CPUs visible than the host has online (cpuset or quota rounding)."""
+        return tuple(self.visible_cpus) != tuple(self.host.online_cpus)
+
+    @property
+    def cpu_time_limited(self) -> bool:
+        """The container's CPU clock differs from the host's: fewer CPUs or a quota."""
+        return self.cpus_limited or self.cpu_quota.limited
+
+    @property
+    def any_limited(self) -> bool:
+        """Without any limit the process sees the host, and guestfs is transparent."""
+        return self.memory_limited or self.cpu_time_limited
+
     @property
     def cpu_cgroup(self) -> str | None:
         """The cgroup whose CPU quota applies: CPU time, tasks and age are read there.

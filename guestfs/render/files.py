@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from guestfs.engine.limits import EffectiveLimits
-from guestfs.render.cpu import cpus_limited, render_cpu_list, render_cpuinfo
+from guestfs.render.cpu import render_cpu_list, render_cpuinfo
 from guestfs.render.diskstats import render_diskstats
 from guestfs.render.loadavg import LoadAverage, render_loadavg
-from guestfs.render.meminfo import memory_limited, render_meminfo, render_swaps
+from guestfs.render.meminfo import render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, render_stat, shift_btime
 from guestfs.render.uptime import render_uptime
 from guestfs.sources.host_proc import parse_uptime
@@ -64,11 +64,6 @@ class ViewState:
             self.incarnation = incarnation
             self.age = None
             self.load = None
-
-
-def any_limit(lim: EffectiveLimits) -> bool:
-    """Without any limit the process sees the host, and guestfs is transparent."""
-    return memory_limited(lim) or cpus_limited(lim) or lim.cpu_quota.limited
 
 
 def host_uptime(host: HostRoot) -> float:
@@ -127,7 +122,7 @@ def _tick_clock(ctx: RenderContext, up: float | None = None) -> None:
 def _stat(ctx: RenderContext, text: str) -> str:
     text = shift_btime(text, ctx.boot_offset)
     lim = ctx.lim
-    if not (cpus_limited(lim) or lim.cpu_quota.limited):
+    if not lim.cpu_time_limited:
         return text
     _tick_clock(ctx)
     tasks = ctx.tasks()
@@ -135,7 +130,7 @@ def _stat(ctx: RenderContext, text: str) -> str:
 
 
 def _uptime(ctx: RenderContext, text: str) -> str:
-    if not any_limit(ctx.lim):
+    if not ctx.lim.any_limited:
         return text
     up = parse_uptime(text)
     age = _age_seconds(ctx, up)
@@ -144,7 +139,7 @@ def _uptime(ctx: RenderContext, text: str) -> str:
 
 
 def _loadavg(ctx: RenderContext, text: str) -> str:
-    if not any_limit(ctx.lim):
+    if not ctx.lim.any_limited:
         return text
     tasks = ctx.tasks()
     if tasks is None:
@@ -155,7 +150,7 @@ def _loadavg(ctx: RenderContext, text: str) -> str:
 
 
 def _diskstats(ctx: RenderContext, text: str) -> str:
-    if not any_limit(ctx.lim):
+    if not ctx.lim.any_limited:
         return text
     return render_diskstats(text, read_io(ctx.snap))
 
