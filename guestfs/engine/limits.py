@@ -10,7 +10,7 @@ and the pod's 512Mi sits on the pod slice (gVisor #9580, JDK-8322420, the Go run
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from types import MappingProxyType
@@ -37,7 +37,12 @@ from guestfs.sources.cgroup_files import (
 from guestfs.sources.host_proc import HostInfo
 from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Hierarchy, Level, Snapshot
 
-ROUNDINGS = ("ceil", "floor", "round")
+_ROUNDERS: dict[str, Callable[[Fraction], int]] = {
+    "ceil": math.ceil,
+    "floor": math.floor,
+    "round": lambda q: math.floor(q + Fraction(1, 2)),  # half up, as GNU nproc does
+}
+ROUNDINGS = tuple(_ROUNDERS)
 
 
 @dataclass(frozen=True)
@@ -328,15 +333,9 @@ def _resolve_cpuset(snap: Snapshot, w: _Warnings) -> Resolved[tuple[int, ...]]:
 
 
 def quota_to_count(quota: Fraction, rounding: str) -> int:
-    if rounding == "ceil":
-        n = math.ceil(quota)
-    elif rounding == "floor":
-        n = math.floor(quota)
-    elif rounding == "round":
-        n = math.floor(quota + Fraction(1, 2))  # half up, as GNU nproc does
-    else:
-        raise ValueError(f"unknown cpu rounding {rounding!r}; use one of {ROUNDINGS}")
-    return max(1, n)
+    """``rounding`` is one of ROUNDINGS: checked once, where effective_limits is entered
+    (and on the command line before that)."""
+    return max(1, _ROUNDERS[rounding](quota))
 
 
 def _resolve_cpu(snap: Snapshot, explicit: ExplicitLimits, rounding: str, w: _Warnings
