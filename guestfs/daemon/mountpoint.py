@@ -104,17 +104,23 @@ def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
 
 def is_guestfs_mount(path: str) -> bool:
     """A live guestfs mount at ``path``: our mount table names it, and a child process
-    can list it (raises MountUnresponsive when the daemon does not answer)."""
+    can list it (raises MountUnresponsive when the daemon does not answer).
+
+    The table is read again after the probe: a stale mount detached between the two (a
+    new daemon replacing it) would otherwise have the plain directory beneath it listed
+    and taken for a live mount."""
     entry = mount_entry(path)
     if entry is None:
         return False
     mp = entry.mount_point
     if entry.fstype == f"fuse.{FSNAME}":
-        return probe_mount(mp)[0] != errno.ENOTCONN
-    if entry.fstype == "fuse":
+        live = probe_mount(mp)[0] != errno.ENOTCONN
+    elif entry.fstype == "fuse":
         # gVisor shows neither the subtype nor the fsname: look at the layout.
-        return _serves(mp)
-    return False
+        live = _serves(mp)
+    else:
+        return False
+    return live and mount_entry(path) == entry
 
 
 def is_stale_mount(path: str) -> bool:
