@@ -306,7 +306,7 @@ def test_mmap_of_every_served_file_never_dies_of_sigbus(tmp_path):
 
 
 def test_reader_ids_read_the_start_time_once_per_process_and_again_after_it_exits():
-    from guestfs.daemon.server import ReaderIds
+    from guestfs.daemon.readers import ReaderIds
 
     reads: list[int] = []
     ids = ReaderIds(lambda pid: reads.append(pid) or len(reads), use_pidfd=True)

@@ -126,22 +126,22 @@ def test_loadavg_state_is_sampled():
     assert 1.95 <= one <= 2.05 and 0.5 < five < one
 
 
-def test_open_snapshots_are_bounded_by_entries_whatever_their_size():
-    from guestfs.daemon.fusefs import OpenSnapshots
+def test_open_renderings_are_bounded_by_entries_whatever_their_size():
+    from guestfs.daemon.renderings import OpenRenderings
 
-    snaps = OpenSnapshots(max_entries=100)
+    snaps = OpenRenderings(max_entries=100)
     for fh in range(1, 100_001):       # 10^5 opens of a 4-byte file, never closed
         snaps.put(fh, b"0-1\n")
         assert len(snaps) <= 100
     assert snaps.get(100_000) == b"0-1\n" and snaps.get(99_901) == b"0-1\n"
     assert snaps.get(99_900) is None   # oldest first
-    assert snaps.nbytes == 100 * (4 + OpenSnapshots.ENTRY_OVERHEAD)
+    assert snaps.nbytes == 100 * (4 + OpenRenderings.ENTRY_OVERHEAD)
 
 
-def test_open_snapshots_are_bounded_oldest_first():
-    from guestfs.daemon.fusefs import OpenSnapshots
+def test_open_renderings_are_bounded_oldest_first():
+    from guestfs.daemon.renderings import OpenRenderings
 
-    snaps = OpenSnapshots(max_bytes=10 + 2 * OpenSnapshots.ENTRY_OVERHEAD)
+    snaps = OpenRenderings(max_bytes=10 + 2 * OpenRenderings.ENTRY_OVERHEAD)
     snaps.put(1, b"aaaa")
     snaps.put(2, b"bbbb")
     assert snaps.get(1) == b"aaaa"
