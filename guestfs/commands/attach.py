@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
-import select
-import signal
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from guestfs.commands.inchild import CHILD_TIMEOUT, AttachError, run_in_child
 from guestfs.render.files import BOUND_BY_DEFAULT
 from guestfs.sources.containerdirs import BadKey, key_of_cgroup_text
 from guestfs.sources.hostroot import HostRoot
@@ -43,17 +39,12 @@ from guestfs.system import sysmount
 
 log = logging.getLogger("guestfs.attach")
 MAX_STACKED = 8           # stale binds peeled from one target before giving up
-CHILD_TIMEOUT = 10.0      # a stopped daemon blocks every request to it; never wait forever
 # The filesystem each target must be on; FUSE is a bind stacked there before (ours or
 # LXCFS's), which a new one may replace when stale or cover when live.
 EXPECTED_FS = {"/proc/": sysmount.PROC_SUPER_MAGIC, "/sys/": sysmount.SYSFS_MAGIC}
 # open_tree/move_mount refused: an old kernel or gVisor (ENOSYS), a seccomp profile that
 # does not know them (EPERM), or no CAP_SYS_ADMIN over our own namespace (EPERM).
 FALLBACK_ERRNOS = {errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.EOPNOTSUPP}
-
-
-class AttachError(OSError):
-    """A one-line reason attach refused or failed, for the CLI and the watch log."""
 
 
 @dataclass(frozen=True)
@@ -346,60 +337,6 @@ def attach_in_child(pid: int | None, source_root: str, key: str | None = None,
     res: dict[str, object] = dict(bind_sources(sources, trees, root_fd))
     res.update(method="bind" if trees is None else "move_mount", source=src_dir)
     return res
-
-
-def run_in_child(body: Callable[[], dict[str, Any]],
-                 timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
-    """``body()`` in a forked, single-threaded child (setns needs one; a FUSE request to a
-    stopped daemon must not hang us): its dict result, or AttachError with its one-line
-    failure, or after ``timeout`` seconds."""
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.close(r)
-        _run_child(w, body)
-    os.close(w)
-    try:
-        raw = _read_child(r, child, timeout)
-    finally:
-        os.close(r)
-    os.waitpid(child, 0)
-    try:
-        out = json.loads(raw.decode() or "{}")
-    except ValueError:
-        out = {}
-    if "ok" not in out:
-        raise AttachError(out.get("error", "failed"))
-    return out["ok"]
-
-
-def _run_child(w: int, body: Callable[[], dict[str, Any]]) -> None:
-    try:
-        out = {"ok": body()}
-        code = 0
-    except BaseException as e:  # noqa: BLE001 - report any failure to the parent
-        msg = str(e) if isinstance(e, AttachError) else f"{type(e).__name__}: {e}"
-        out, code = {"error": msg}, 1
-    with contextlib.suppress(OSError):
-        os.write(w, json.dumps(out).encode())
-    os._exit(code)
-
-
-def _read_child(r: int, child: int, timeout: float) -> bytes:
-    chunks, deadline = [], time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([r], [], [], left)[0]:
-            # Blocked in a FUSE request to a stopped daemon: SIGKILL ends the wait.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-            os.waitpid(child, 0)
-            raise AttachError(f"timed out after {timeout:g} s "
-                              "(a FUSE request got no answer: is the daemon stopped?)")
-        data = os.read(r, 65536)
-        if not data:
-            return b"".join(chunks)
-        chunks.append(data)
 
 
 def attach(pid: int, source_root: str, timeout: float = CHILD_TIMEOUT,
