@@ -17,7 +17,7 @@ package only to unmount.
 import os
 import sys
 
-UNMOUNT_WATCHER = "--unmount-watcher"
+UNMOUNT_WATCHER = "--unmount-watcher"  # as guestfs.system.selfexec.UNMOUNT_WATCHER
 
 
 def _load_own_package() -> None:

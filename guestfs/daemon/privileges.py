@@ -133,8 +133,7 @@ def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
     signals it must outlive are ignored before the exec (ignored dispositions survive
     it). Where there is no interpreter to exec, the child waits as a plain fork. Call it
     while single-threaded: the child runs Python after fork."""
-    from guestfs._boot import UNMOUNT_WATCHER
-    from guestfs.system.selfexec import BOOT, SelfExecError, interpreter
+    from guestfs.system.selfexec import BOOT, UNMOUNT_WATCHER, SelfExecError, interpreter
 
     r, w = os.pipe()
     try:

@@ -10,6 +10,11 @@ import sys
 BOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_boot.py")
 
 
+# _boot.py's first argument for the daemon's unmount watcher (spelled out there too:
+# _boot.py imports nothing of the package before it has to).
+UNMOUNT_WATCHER = "--unmount-watcher"
+
+
 class SelfExecError(RuntimeError):
     pass
 
