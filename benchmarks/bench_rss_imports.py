@@ -93,7 +93,7 @@ spec.loader.exec_module(mod)
 import guestfs.commands.cli
 from guestfs.daemon.fuse_binding import load_binding
 load_binding('auto')
-import guestfs.commands.mountcmd
+import guestfs.commands.mount
 print(json.dumps({'start': start, 'end': rss(), 'rows': rows}))
 """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.commands.runcmd import stop_process
+from guestfs.commands.run import stop_process
 from guestfs.daemon.mountpoint import is_guestfs_mount, mount_entry
 from guestfs.system import sysmount
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from guestfs.commands.runcmd import stop_process
+from guestfs.commands.run import stop_process
 from guestfs.system import sysmount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestfs.commands.runcmd import stop_process
+from guestfs.commands.run import stop_process
 from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.render.files import SERVED_FILES
 from guestfs.system.selfexec import guestfs_argv

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from guestfs.commands import supervise
-from guestfs.commands.runcmd import stop_process
+from guestfs.commands.run import stop_process
 from guestfs.daemon.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 

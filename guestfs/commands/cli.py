@@ -90,7 +90,7 @@ every 5 s; show takes a single sample and prints it as all three averages.
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from guestfs.commands.mountcmd import MountOptions, serve
+    from guestfs.commands.mount import MountOptions, serve
     from guestfs.daemon.fuse_binding import BindingError
     from guestfs.daemon.lowmem import one_malloc_arena
     from guestfs.daemon.mountpoint import MountError
@@ -113,7 +113,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guestfs.commands.runcmd import RunError, run
+    from guestfs.commands.run import RunError, run
     from guestfs.daemon.mountpoint import MountError, refuse_symlink
 
     setup_logging(args.verbose)
