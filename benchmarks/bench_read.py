@@ -289,7 +289,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def run(a: argparse.Namespace) -> dict:  # type: ignore[type-arg]
-    from guestfs.containerdirs import dir_key
+    from guestfs.sources.containerdirs import dir_key
 
     files = tuple(a.files.split(","))
     readers = tuple(int(n) for n in a.readers.split(","))

@@ -5,7 +5,7 @@
 
 Part 1 (any user): a fresh ``python -I -S`` (the daemon's interpreter and flags, site
 imported under the hook so its cost shows) imports what the daemon imports, in its order:
-``site``, ``guestfs.cli`` (the package loaded as ``_boot.py`` does), the FUSE binding and
+``site``, ``guestfs.commands.cli`` (the package loaded as ``_boot.py`` does), the FUSE binding and
 the modules ``guestfs mount`` imports on its way to serving. A meta-path hook reads VmRSS
 from /proc/self/status around every module's execution: "cum" is a module's RSS delta
 including the modules it imports (as ``-X importtime``'s cumulative column), "self"
@@ -90,10 +90,10 @@ spec = importlib.util.spec_from_file_location(
 mod = importlib.util.module_from_spec(spec)
 sys.modules['guestfs'] = mod
 spec.loader.exec_module(mod)
-import guestfs.cli
-from guestfs.fuse_binding import load_binding
+import guestfs.commands.cli
+from guestfs.daemon.fuse_binding import load_binding
 load_binding('auto')
-import guestfs.mountcmd
+import guestfs.commands.mount
 print(json.dumps({'start': start, 'end': rss(), 'rows': rows}))
 """
 
@@ -153,7 +153,7 @@ def read_all(mp: str, n: int, order: str) -> None:
 
 def daemon_rss(args: list[str], reads: int, order: str, env: dict[str, str]) -> list[str]:
     sys.path.insert(0, str(REPO))
-    from guestfs.mountcmd import is_guestfs_mount
+    from guestfs.daemon.mountpoint import is_guestfs_mount
     from tests.fusemount import force_unmount, wait_for
 
     base = tempfile.mkdtemp(prefix="guestfs-rss-")

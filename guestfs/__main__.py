@@ -1,3 +1,3 @@
-from guestfs.cli import main
+from guestfs.commands.cli import main
 
 raise SystemExit(main())

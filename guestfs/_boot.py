@@ -8,7 +8,7 @@ empty ``guestfs/`` there cannot shadow an editable install.
 
 Usage: python -I /path/to/guestfs/_boot.py ARGS... (ARGS as for the guestfs command).
 
-The daemon's unmount watcher (guestfs.privileges) runs it as
+The daemon's unmount watcher (guestfs.daemon.privileges) runs it as
 ``python -I -S _boot.py --unmount-watcher FD MOUNTPOINT``: it waits on FD with nothing
 but os and sys imported, since its memory counts in the daemon's container, and loads the
 package only to unmount.
@@ -17,7 +17,7 @@ package only to unmount.
 import os
 import sys
 
-UNMOUNT_WATCHER = "--unmount-watcher"
+UNMOUNT_WATCHER = "--unmount-watcher"  # as guestfs.system.selfexec.UNMOUNT_WATCHER
 
 
 def _load_own_package() -> None:
@@ -35,7 +35,7 @@ def _load_own_package() -> None:
 
 def main(argv: list[str]) -> int:
     _load_own_package()
-    from guestfs.cli import main as cli_main
+    from guestfs.commands.cli import main as cli_main
 
     return cli_main(argv)
 
@@ -47,7 +47,7 @@ def unmount_watcher(fd: str, mountpoint: str) -> int:
     if os.read(int(fd), 1) != b"u":
         return 0
     _load_own_package()
-    from guestfs.privileges import detach
+    from guestfs.daemon.privileges import detach
 
     detach(mountpoint)
     return 0

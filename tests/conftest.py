@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.explicit import ExplicitSettings, collect_explicit
-from guestfs.hostroot import HostRoot
-from guestfs.limits import EffectiveLimits, effective_limits
-from guestfs.snapshot import read_snapshot
+from guestfs.engine.explicit import ExplicitSettings, collect_explicit
+from guestfs.engine.limits import EffectiveLimits, effective_limits
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.snapshot import read_snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from guestfs import sysmount
-from guestfs.mountcmd import is_guestfs_mount, mount_entry
-from guestfs.runcmd import stop_process
+from guestfs.commands.run import stop_process
+from guestfs.daemon.mountpoint import is_guestfs_mount, mount_entry
+from guestfs.system import sysmount
 
 
 def require_fuse() -> None:

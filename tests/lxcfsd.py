@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestfs.runcmd import stop_process
+from guestfs.commands.run import stop_process
 from tests.fusemount import force_unmount, require_fuse, wait_for
 
 

@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from guestfs.containerdirs import dir_key
+from guestfs.sources.containerdirs import dir_key
 from tests.fusemount import mounted, require_fuse
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from guestfs.mountinfo import parse_mountinfo
-from guestfs.proc_cgroup import parse_proc_cgroup
+from guestfs.sources.mountinfo import parse_mountinfo
+from guestfs.sources.proc_cgroup import parse_proc_cgroup
 
 
 @dataclass

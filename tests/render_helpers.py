@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from guestfs.hostroot import HostRoot
-from guestfs.snapshot import read_snapshot
-from guestfs.view import SERVED_FILES, ViewState, render_file
+from guestfs.render.files import SERVED_FILES, ViewState, render_file
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.snapshot import read_snapshot
 from tests.conftest import limits_of
 
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from guestfs import sysmount
-from guestfs.runcmd import stop_process
+from guestfs.commands.run import stop_process
+from guestfs.system import sysmount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

@@ -11,8 +11,8 @@ import tempfile
 
 import pytest
 
-from guestfs import attach as attach_mod
-from guestfs.containerdirs import key_of_cgroup_text
+from guestfs.commands import attach as attach_mod
+from guestfs.sources.containerdirs import key_of_cgroup_text
 from tests.fusemount import mounted, wait_for
 from tests.percontainer import per_container_mount
 from tests.realcg import process_in, v1_cgroup

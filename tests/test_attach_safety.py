@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestfs.runcmd import stop_process
+from guestfs.commands.run import stop_process
 from tests.fusemount import mounted, require_fuse, wait_for
 from tests.test_attach import free_total
 

@@ -1,6 +1,6 @@
-from guestfs.cgroup_path import leaves_namespace, level_paths, pick_mount, relative_to_root
-from guestfs.mountinfo import CgroupMount
-from guestfs.proc_cgroup import parse_proc_cgroup
+from guestfs.sources.cgroup_path import leaves_namespace, level_paths, pick_mount, relative_to_root
+from guestfs.sources.mountinfo import CgroupMount
+from guestfs.sources.proc_cgroup import parse_proc_cgroup
 
 
 def v1(mount_point: str, root: str) -> CgroupMount:

@@ -286,7 +286,7 @@ def test_mmap_of_every_served_file_never_dies_of_sigbus(tmp_path):
     """A private mmap either maps the reader's own bytes (files reporting one page) or is
     refused by mmap() itself (files reporting 0); the MAP_SHARED one is refused. Run in a
     subprocess: a SIGBUS there cannot take pytest down."""
-    from guestfs.view import SERVED_FILES
+    from guestfs.render.files import SERVED_FILES
 
     mp = str(tmp_path / "mnt")
     with mounted(mp, log=str(tmp_path / "log")):
@@ -306,7 +306,7 @@ def test_mmap_of_every_served_file_never_dies_of_sigbus(tmp_path):
 
 
 def test_reader_ids_read_the_start_time_once_per_process_and_again_after_it_exits():
-    from guestfs.server import ReaderIds
+    from guestfs.daemon.readers import ReaderIds
 
     reads: list[int] = []
     ids = ReaderIds(lambda pid: reads.append(pid) or len(reads), use_pidfd=True)

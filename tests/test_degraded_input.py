@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from guestfs.explicit import ExplicitLimits
-from guestfs.hostroot import HostRoot
-from guestfs.server import ServerConfig, ViewServer
+from guestfs.daemon.server import ServerConfig, ViewServer
+from guestfs.engine.explicit import ExplicitLimits
+from guestfs.sources.hostroot import HostRoot
 from tests.fusemount import mounted
 from tests.realcg import v1_cgroup
 from tests.render_helpers import meminfo_kb, render_all
@@ -91,7 +91,7 @@ def test_a_failing_render_serves_the_last_good_one_not_the_hosts(copy_fixture):
 
 
 def test_show_reports_a_malformed_host_file_in_one_line(copy_fixture, capsys):
-    from guestfs.cli import main
+    from guestfs.commands.cli import main
 
     root = copy_fixture("k8s-systemd-v2-burstable")
     put(root, "/proc/uptime", "")

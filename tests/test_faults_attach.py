@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.runcmd import stop_process
+from guestfs.commands.run import stop_process
 from tests.fusemount import mounted, wait_for
 from tests.test_attach_safety import app_namespace, run_attach
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from guestfs.mountcmd import is_guestfs_mount
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real
@@ -91,3 +91,12 @@ def test_server_killed_readers_see_enotconn_watcher_exits_next_start_serves(tmp_
             assert f.readline().startswith("MemTotal:")
     finally:
         force_unmount(mp)
+
+
+def test_boot_and_selfexec_name_the_unmount_watcher_alike():
+    """_boot.py spells the watcher's argument itself (it imports nothing of the package
+    before it must); the daemon starts it with selfexec's."""
+    from guestfs import _boot
+    from guestfs.system import selfexec
+
+    assert _boot.UNMOUNT_WATCHER == selfexec.UNMOUNT_WATCHER

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.mountcmd import MountUnresponsive, is_guestfs_mount, mount_entry, probe_mount
+from guestfs.daemon.mountpoint import MountUnresponsive, is_guestfs_mount, mount_entry, probe_mount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

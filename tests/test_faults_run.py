@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from guestfs.mountcmd import is_guestfs_mount
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, private_mountpoint, require_fuse, wait_for
 from tests.realcg import v1_cgroup
 from tests.test_real_run import in_cgroup

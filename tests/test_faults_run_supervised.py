@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from guestfs import sysmount
-from guestfs.mountcmd import is_guestfs_mount
+from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.system import sysmount
 from tests.fusemount import force_unmount, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

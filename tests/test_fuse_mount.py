@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from guestfs import sysmount
-from guestfs.mountcmd import is_guestfs_mount
-from guestfs.view import SERVED_FILES
+from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.render.files import SERVED_FILES
+from guestfs.system import sysmount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

@@ -13,7 +13,14 @@ from fractions import Fraction
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from guestfs.cgroup_files import (
+from guestfs.engine.explicit import (
+    ExplicitLimitError,
+    ExplicitLimits,
+    ExplicitSettings,
+    collect_explicit,
+)
+from guestfs.engine.quantity import MAX_QUANTITY, parse_cpu_quantity, parse_memory_quantity
+from guestfs.sources.cgroup_files import (
     MAX_CPU_ID,
     format_cpu_list,
     parse_cfs,
@@ -23,17 +30,14 @@ from guestfs.cgroup_files import (
     parse_flat_keyed,
     parse_limit_bytes,
 )
-from guestfs.explicit import (
-    ExplicitLimitError,
-    ExplicitLimits,
-    ExplicitSettings,
-    collect_explicit,
+from guestfs.sources.host_proc import parse_meminfo, parse_uptime
+from guestfs.sources.mountinfo import parse_mount_entries, parse_mountinfo, unescape
+from guestfs.sources.proc_cgroup import parse_proc_cgroup
+from guestfs.sources.usage_parsers import (
+    parse_blkio_recursive,
+    parse_cpuacct_usage_all,
+    parse_io_stat,
 )
-from guestfs.host_proc import parse_meminfo, parse_uptime
-from guestfs.mountinfo import parse_mount_entries, parse_mountinfo, unescape
-from guestfs.proc_cgroup import parse_proc_cgroup
-from guestfs.quantity import MAX_QUANTITY, parse_cpu_quantity, parse_memory_quantity
-from guestfs.usage import parse_blkio_recursive, parse_cpuacct_usage_all, parse_io_stat
 
 FUZZ = settings(max_examples=500, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])

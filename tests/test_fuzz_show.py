@@ -16,10 +16,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from guestfs.cli import main
-from guestfs.hostroot import HostRoot
-from guestfs.server import ServerConfig, UnseenReader, ViewServer
-from guestfs.view import SERVED_FILES
+from guestfs.commands.cli import main
+from guestfs.daemon.server import ServerConfig, UnseenReader, ViewServer
+from guestfs.render.files import SERVED_FILES
+from guestfs.sources.hostroot import HostRoot
 from tests.conftest import FIXTURE_NAMES, FIXTURES
 from tests.test_fuzz_parsers import texts
 

@@ -13,8 +13,8 @@ import pytest
 pytestmark = pytest.mark.real
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "localhost/guestfs:test"
-# This machine's root lacks CAP_SYS_RESOURCE: podman must not raise rlimits (see
-# ../shared/notes/this-machine.md); runc is the runtime the tests use elsewhere.
+# Root on the test machines may lack CAP_SYS_RESOURCE: podman must not raise rlimits
+# (it would fail to); runc is the runtime the tests use elsewhere.
 RUN = ["podman", "run", "--rm", "--runtime", "runc", "--network", "none",
        "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000"]
 

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from guestfs.mountcmd import is_guestfs_mount
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

@@ -7,9 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from guestfs.explicit import ExplicitLimitError
-from guestfs.limits import quota_to_count
-from guestfs.proc_cgroup import PidGone
+from guestfs.engine.explicit import ExplicitLimitError
+from guestfs.engine.limits import quota_to_count
+from guestfs.sources.proc_cgroup import PidGone
 from tests.conftest import GiB, MiB, limits_of
 
 POD = ("/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/"

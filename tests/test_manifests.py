@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from guestfs import explicit
+from guestfs.engine import explicit
 
 K8S = Path(__file__).resolve().parent.parent / "container" / "k8s"
 MANIFESTS = sorted(p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml")
@@ -94,7 +94,7 @@ def test_sidecar_needs_no_privileged_mode_nor_bidirectional_propagation():
 
 def test_daemonset_shares_the_nodes_mount_lock_directory():
     """Two pods of a rolling update on one node must see one lock, or both would mount."""
-    from guestfs.mountlock import LOCK_DIR
+    from guestfs.commands.mountlock import LOCK_DIR
 
     spec = pod_spec("daemonset", "daemonset.yaml")
     volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}

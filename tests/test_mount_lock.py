@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from guestfs import mountlock
-from guestfs.mountcmd import MountError, hold_mount_lock
+from guestfs.commands import mountlock
+from guestfs.commands.mount import hold_mount_lock
+from guestfs.daemon.mountpoint import MountError
 from tests.fusemount import force_unmount, require_fuse, wait_for
 
 

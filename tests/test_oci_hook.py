@@ -16,7 +16,7 @@ import tempfile
 
 import pytest
 
-from guestfs import ocihook
+from guestfs.commands import ocihook
 from tests.fusemount import mounted, wait_for
 
 
@@ -151,8 +151,9 @@ def test_the_installed_command_never_imports_from_its_working_directory(tmp_path
     `guestfs` package planted there must not be what runs as root."""
     exe = os.path.join(os.path.dirname(sys.executable), "guestfs")
     planted = tmp_path / "guestfs"
-    planted.mkdir()
-    for name in ("__init__.py", "__main__.py", "cli.py", "ocihook.py"):
+    (planted / "commands").mkdir(parents=True)
+    for name in ("__init__.py", "__main__.py", "commands/__init__.py", "commands/cli.py",
+                 "commands/ocihook.py"):
         (planted / name).write_text("raise SystemExit(99)\n")
     out = subprocess.run([exe, "oci-hook", "--source", str(tmp_path)], input="{}",
                          cwd=tmp_path, capture_output=True, text=True, timeout=60,

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from guestfs.containerdirs import dir_key
+from guestfs.sources.containerdirs import dir_key
 from tests.fusemount import mounted, private_mountpoint
 from tests.realcg import v1_cgroup
 from tests.render_helpers import meminfo_kb
@@ -28,7 +28,7 @@ TTL = 0.5
 
 def status(mp: str) -> dict:
     """The daemon's status as of now: read twice, because a page-cached file read a moment
-    ago keeps its rendering for a few ms (fusefs.Generations), and the first read of a
+    ago keeps its rendering for a few ms (renderings.Generations), and the first read of a
     new status is rendered at its lookup, before its own open is counted."""
     for _ in range(2):
         with open(os.path.join(mp, ".guestfs-status"), "rb") as f:
@@ -171,7 +171,7 @@ def test_every_read_is_one_whole_rendering_while_the_limit_flaps():
 # ------------------------------------------------------------ the generations, in memory
 
 def test_generations_keep_the_mtime_while_the_bytes_stay_the_same():
-    from guestfs.fusefs import Generations
+    from guestfs.daemon.renderings import Generations
 
     g = Generations(hold=0.005, max_hold=0.05)
     first, held = g.offer("/proc/meminfo", 10.0, b"a\n", now=9.5)
@@ -184,7 +184,7 @@ def test_generations_keep_the_mtime_while_the_bytes_stay_the_same():
 
 
 def test_generations_hold_a_file_being_filled_but_not_past_max_hold():
-    from guestfs.fusefs import Generations
+    from guestfs.daemon.renderings import Generations
 
     g = Generations(hold=0.005, max_hold=0.05)
     old, _ = g.offer("f", 1.0, b"old\n", now=0.5)
@@ -205,7 +205,7 @@ def test_generations_hold_a_file_being_filled_but_not_past_max_hold():
 
 
 def test_generations_are_bounded_by_entries_and_bytes():
-    from guestfs.fusefs import Generations
+    from guestfs.daemon.renderings import Generations
 
     g = Generations(max_entries=3, max_bytes=10)
     for i in range(5):

@@ -2,7 +2,7 @@ from fractions import Fraction
 
 import pytest
 
-from guestfs.quantity import parse_cpu_quantity, parse_memory_quantity
+from guestfs.engine.quantity import parse_cpu_quantity, parse_memory_quantity
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from guestfs.view import SERVED_FILES
+from guestfs.render.files import SERVED_FILES
 from tests.fusemount import mounted
 from tests.realcg import _v1_dir, require_v1_root
 

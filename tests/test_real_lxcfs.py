@@ -1,7 +1,7 @@
 """guestfs beside LXCFS, read from the same real cgroup.
 
 They must agree on what the kernel enforces: MemTotal, SwapTotal and the CPU count.
-They differ, by design, where LXCFS is wrong (../shared/notes/lxcfs.md): LXCFS 5.0's
+They differ, by design, where LXCFS is wrong (docs/files.md compares the two): LXCFS 5.0's
 MemAvailable adds the whole page cache (tmpfs included); guestfs adds active+inactive
 file and reclaimable slab only, as the kernel's own estimate does.
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.view import SERVED_FILES
+from guestfs.render.files import SERVED_FILES
 from tests.fusemount import mounted
 from tests.test_real_run import SEP
 

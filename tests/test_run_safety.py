@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.selfexec import BOOT, guestfs_argv
+from guestfs.system.selfexec import BOOT, guestfs_argv
 from tests.fusemount import force_unmount, private_mountpoint, require_fuse
 
 GUESTFS = str(Path(sys.executable).parent / "guestfs")  # the installed console script
@@ -30,7 +30,9 @@ def plant_package(d: Path, body: str) -> None:
     (d / "guestfs").mkdir()
     (d / "guestfs" / "__init__.py").write_text(body)
     (d / "guestfs" / "__main__.py").write_text(body)
-    (d / "guestfs" / "cli.py").write_text(body)
+    (d / "guestfs" / "commands").mkdir()
+    (d / "guestfs" / "commands" / "__init__.py").write_text(body)
+    (d / "guestfs" / "commands" / "cli.py").write_text(body)
 
 
 def pwn(marker: Path) -> str:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from guestfs.explicit import ExplicitLimits, ExplicitSettings, collect_explicit
-from guestfs.hostroot import HostRoot
-from guestfs.server import ServerConfig, UnseenReader, ViewServer
+from guestfs.daemon.server import ServerConfig, UnseenReader, ViewServer
+from guestfs.engine.explicit import ExplicitLimits, ExplicitSettings, collect_explicit
+from guestfs.sources.hostroot import HostRoot
 from tests.conftest import fixture_root
 from tests.render_helpers import meminfo_kb
 
@@ -126,22 +126,22 @@ def test_loadavg_state_is_sampled():
     assert 1.95 <= one <= 2.05 and 0.5 < five < one
 
 
-def test_open_snapshots_are_bounded_by_entries_whatever_their_size():
-    from guestfs.fusefs import OpenSnapshots
+def test_open_renderings_are_bounded_by_entries_whatever_their_size():
+    from guestfs.daemon.renderings import OpenRenderings
 
-    snaps = OpenSnapshots(max_entries=100)
+    snaps = OpenRenderings(max_entries=100)
     for fh in range(1, 100_001):       # 10^5 opens of a 4-byte file, never closed
         snaps.put(fh, b"0-1\n")
         assert len(snaps) <= 100
     assert snaps.get(100_000) == b"0-1\n" and snaps.get(99_901) == b"0-1\n"
     assert snaps.get(99_900) is None   # oldest first
-    assert snaps.nbytes == 100 * (4 + OpenSnapshots.ENTRY_OVERHEAD)
+    assert snaps.nbytes == 100 * (4 + OpenRenderings.ENTRY_OVERHEAD)
 
 
-def test_open_snapshots_are_bounded_oldest_first():
-    from guestfs.fusefs import OpenSnapshots
+def test_open_renderings_are_bounded_oldest_first():
+    from guestfs.daemon.renderings import OpenRenderings
 
-    snaps = OpenSnapshots(max_bytes=10 + 2 * OpenSnapshots.ENTRY_OVERHEAD)
+    snaps = OpenRenderings(max_bytes=10 + 2 * OpenRenderings.ENTRY_OVERHEAD)
     snaps.put(1, b"aaaa")
     snaps.put(2, b"bbbb")
     assert snaps.get(1) == b"aaaa"
@@ -221,7 +221,7 @@ def test_files_report_one_page_only_while_every_rendering_fits_in_one(copy_fixtu
     fault in) and procfs's 0 for longer ones, and for a file once a rendering outgrew it."""
     import types
 
-    from guestfs.fusefs import PAGE, make_operations, page_sized_files
+    from guestfs.daemon.fusefs import PAGE, make_operations, page_sized_files
 
     root = copy_fixture("k8s-systemd-v2-burstable")
     (root / "proc/cpuinfo").write_text("processor\t: 0\n" * 400)   # 5600 bytes

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from guestfs import supervise
-from guestfs.mountcmd import is_guestfs_mount
-from guestfs.runcmd import stop_process
+from guestfs.commands import supervise
+from guestfs.commands.run import stop_process
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

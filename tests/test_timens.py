@@ -6,7 +6,7 @@ boot clock."""
 from __future__ import annotations
 
 from guestfs.render.stat import shift_btime
-from guestfs.timens import parse_boottime_offset
+from guestfs.sources.timens import parse_boottime_offset
 from tests.test_server import server
 
 

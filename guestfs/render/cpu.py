@@ -7,15 +7,11 @@ glibc's get_nprocs() (os.cpu_count(), getconf _NPROCESSORS_ONLN, Node's os.cpus(
 
 from __future__ import annotations
 
-from guestfs.limits import EffectiveLimits
-
-
-def cpus_limited(lim: EffectiveLimits) -> bool:
-    return tuple(lim.visible_cpus) != tuple(lim.host.online_cpus)
+from guestfs.engine.limits import EffectiveLimits
 
 
 def render_cpu_list(host_text: str, lim: EffectiveLimits) -> str:
-    if not cpus_limited(lim):
+    if not lim.cpus_limited:
         return host_text
     n = lim.cpu_count.value
     return "0\n" if n <= 1 else f"0-{n - 1}\n"
@@ -24,7 +20,7 @@ def render_cpu_list(host_text: str, lim: EffectiveLimits) -> str:
 def render_cpuinfo(host_text: str, lim: EffectiveLimits) -> str:
     """Only the visible CPUs' blocks, ``processor`` renumbered 0..N-1, other fields kept
     (x86 and arm64 both print one blank-line-separated block per processor)."""
-    if not cpus_limited(lim):
+    if not lim.cpus_limited:
         return host_text
     visible = set(lim.visible_cpus)
     blocks = host_text.split("\n\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from guestfs.usage import IoCounters
+from guestfs.sources.usage_parsers import IoCounters
 
 SECTOR = 512
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from guestfs.limits import EffectiveLimits
+from guestfs.engine.limits import EffectiveLimits
 
 # meminfo line -> memory.stat key(s) (exact matches; LXCFS's prefix matching lets
 # "file" swallow "file_mapped" and "total_rss" swallow "total_rss_huge").
@@ -44,10 +44,6 @@ def kb_line(name: str, kb: int) -> str:
     return f"{name + ':':<16}{kb:>8} kB"
 
 
-def memory_limited(lim: EffectiveLimits) -> bool:
-    return lim.memory.limited or lim.swap.value != lim.host.swap_total
-
-
 def meminfo_values(lim: EffectiveLimits) -> dict[str, int]:
     """kB values guestfs computes; every other host line is served as the host has it."""
     total = max(1, lim.memory.value // 1024)
@@ -80,7 +76,7 @@ def meminfo_values(lim: EffectiveLimits) -> dict[str, int]:
 
 
 def render_meminfo(host_text: str, lim: EffectiveLimits) -> str:
-    if not memory_limited(lim):
+    if not lim.memory_limited:
         return host_text
     values = meminfo_values(lim)
     out = []
@@ -95,7 +91,7 @@ SWAPS_HEADER = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
 
 
 def render_swaps(host_text: str, lim: EffectiveLimits) -> str:
-    if not memory_limited(lim):
+    if not lim.memory_limited:
         return host_text
     values = meminfo_values(lim)
     size, used = values["SwapTotal"], values["SwapTotal"] - values["SwapFree"]

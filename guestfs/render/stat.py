@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from guestfs.usage import USER_HZ, CpuUsage, TaskCounts
+from guestfs.sources.usage_parsers import USER_HZ, CpuUsage, TaskCounts
 
 # user nice system idle iowait irq softirq steal guest guest_nice
 NFIELDS = 10

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestfs.hostroot import HostRoot
-from guestfs.limits import effective_limits
-from guestfs.snapshot import read_snapshot
+from guestfs.engine.limits import effective_limits
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.snapshot import read_snapshot
 from tests.fusemount import mounted
 from tests.lxcfsd import lxcfs_mounted
 from tests.render_helpers import meminfo_kb

@@ -1,0 +1,309 @@
+"""The `guestfs` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from guestfs import DEFAULT_HOOK_SOURCE, DEFAULT_MOUNTPOINT, __version__
+from guestfs.commands.explain import json_text, to_json, to_text
+from guestfs.commands.options import (
+    CliError,
+    OneLineParser,
+    add_limit_options,
+    add_mount_options,
+    add_run_privilege_options,
+    explicit_from_args,
+    mount_argv,
+    seconds,
+)
+from guestfs.daemon.daemon_status import format_status, read_status
+from guestfs.engine.limits import EffectiveLimits, effective_limits
+from guestfs.render.files import SERVED_FILES, render_file
+from guestfs.sources.host_proc import HostInfoError
+from guestfs.sources.hostroot import HostReadError, HostRoot
+from guestfs.sources.proc_cgroup import PidGone
+from guestfs.sources.snapshot import Snapshot, read_snapshot
+from guestfs.system.oneline import one_line
+
+
+def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
+                   ) -> tuple[HostRoot, Snapshot, EffectiveLimits]:
+    env = dict(os.environ) if env is None else env
+    explicit, rounding = explicit_from_args(args, env)
+    try:
+        host = HostRoot(args.root)
+        snap = read_snapshot(host, args.pid)
+    except PidGone as e:
+        raise CliError(f"{e} (has it exited?)") from e
+    except (HostReadError, HostInfoError) as e:
+        raise CliError(f"cannot read the host under {args.root}: {e}") from e
+    return host, snap, effective_limits(snap, explicit, rounding)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    _, _, lim = compute_limits(args)
+    status = None
+    if args.mount is not None:
+        try:
+            status = read_status(args.mount)
+        except OSError as e:
+            raise CliError(f"--mount {args.mount}: {e}") from e
+    if args.json:
+        doc = to_json(lim)
+        if status is not None:
+            doc["daemon"] = status
+        sys.stdout.write(json_text(doc))
+    else:
+        sys.stdout.write(to_text(lim))
+        if status is not None:
+            sys.stdout.write(format_status(args.mount, status))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    path = "/" + args.file.strip("/")
+    if path not in SERVED_FILES:
+        print(f"guestfs: {args.file}: not a served file; served files are:\n  "
+              + "\n  ".join(SERVED_FILES), file=sys.stderr)
+        return 2
+    host, snap, lim = compute_limits(args)
+    try:
+        text = render_file(path, host, snap, lim)
+    except HostReadError as e:
+        raise CliError(f"cannot read the host's {path} under {args.root}: {e}") from e
+    except (ValueError, LookupError) as e:
+        raise CliError(f"the host's {path} under {args.root} is malformed: "
+                       f"{type(e).__name__}: {e}") from e
+    sys.stdout.write(text)
+    return 0
+
+
+SHOW_EPILOG = """\
+/proc/loadavg: the daemon averages the container's runnable and uninterruptible tasks
+every 5 s; show takes a single sample and prints it as all three averages.
+/proc/stat: show starts from fresh counters; a mount keeps them monotonic between reads.
+"""
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from guestfs.commands.mount import MountOptions, serve
+    from guestfs.daemon.fuse_binding import BindingError
+    from guestfs.daemon.lowmem import one_malloc_arena
+    from guestfs.daemon.mountpoint import MountError
+
+    one_malloc_arena()  # before any thread starts
+    setup_logging(args.verbose)
+    if args.per_container and args.cgroup:
+        raise CliError("mount: --per-container serves every container's cgroup; it takes "
+                       "no --cgroup")
+    explicit, rounding = explicit_from_args(args, dict(os.environ))
+    opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
+                        rounding, args.fuse_binding, args.allow_other, args.daemon,
+                        args.pid_file, args.log_file,
+                        exit_when_unused=args.exit_when_unused,
+                        per_container=args.per_container)
+    try:
+        return serve(opts)
+    except (MountError, BindingError, OSError) as e:
+        raise CliError(str(e)) from e
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from guestfs.commands.run import RunError, run
+    from guestfs.daemon.mountpoint import MountError, refuse_symlink
+
+    setup_logging(args.verbose)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
+    explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
+    try:
+        refuse_symlink(args.mountpoint)   # before a daemon is started for it
+    except MountError as e:
+        raise CliError(str(e)) from e
+    try:
+        return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure,
+                   keep_caps=args.keep_caps, host_clock=args.host_clock)
+    except (RunError, OSError) as e:
+        raise CliError(str(e)) from e
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from guestfs.commands.attach import attach, watch
+
+    setup_logging(args.verbose)
+    try:
+        if args.watch:
+            watch(args.pid or None, args.source, args.interval, args.per_container)
+            return 0
+        if not args.pid:
+            raise CliError("attach: give --pid PID (or --watch to follow every other mount "
+                           "namespace)")
+        for pid in args.pid:
+            res = attach(pid, args.source, per_container=args.per_container)
+            print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)} "
+                  f"({res.method}) from {res.source}")
+    except OSError as e:  # AttachError: already one line naming the pid and the file
+        raise CliError(str(e)) from e
+    return 0
+
+
+def cmd_oci_hook(args: argparse.Namespace) -> int:
+    from guestfs.commands.ocihook import main as hook_main
+
+    return hook_main(args.source, args.strict, args.per_container, args.timeout,
+                     verbose=args.verbose, log_file=args.log_file)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="guestfs",
+        description="cgroup-aware /proc and /sys files for containers: see what free, top "
+                    "and language runtimes should see, and why.")
+    parser.add_argument("--version", action="version", version=f"guestfs {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("explain", help="effective limits of a process and where each came from",
+                       description="Print the effective memory, swap and CPU limits of a "
+                                   "process, and which file, cgroup level or setting set "
+                                   "each one.")
+    add_limit_options(p)
+    p.add_argument("--json", action="store_true",
+                   help="machine-readable output (keys in docs/explain-json.md)")
+    p.add_argument("--mount", metavar="MOUNTPOINT",
+                   help="also show the fallbacks taken by the daemon serving MOUNTPOINT "
+                        "(bad or vanished cgroup files, failed renders), by cause")
+    p.set_defaults(func=cmd_explain)
+    p = sub.add_parser("show", help="print a file exactly as guestfs serves it",
+                       description="Print FILE (" + ", ".join(SERVED_FILES) + ") as the "
+                                   "filesystem serves it to PID.",
+                       epilog=SHOW_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", help="a guest path such as /proc/meminfo")
+    add_limit_options(p)
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("mount", help="serve the files over FUSE at MOUNTPOINT",
+                       description="Mount the guestfs filesystem: MOUNTPOINT/proc/{meminfo,"
+                                   "cpuinfo,stat,uptime,loadavg,swaps,diskstats}, "
+                                   "MOUNTPOINT/proc/pressure/*, MOUNTPOINT/sys/devices/system/"
+                                   "cpu/{online,possible,present} (LXCFS's layout). Runs in "
+                                   "the foreground, logging to stderr; SIGTERM/SIGINT unmount.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--daemon", action="store_true",
+                   help="detach once mounted (logs go to --log-file, else nowhere)")
+    p.add_argument("--pid-file", metavar="FILE", help="write the serving process's pid here")
+    p.add_argument("--log-file", metavar="FILE", help="with --daemon: append logs here")
+    p.add_argument("--exit-when-unused", action="store_true",
+                   help="unmount and exit once no `guestfs run` uses this mount (run starts "
+                        "its daemon so; docs/mount.md)")
+    p.add_argument("--per-container", action="store_true",
+                   help="serve one directory per container cgroup, MOUNTPOINT/<key>/proc/"
+                        "meminfo and so on (key: the cgroup path percent-encoded, "
+                        "docs/mount.md), each from the kernel's page cache, instead of "
+                        "LXCFS's per-caller layout")
+    add_mount_options(p)
+    add_limit_options(p, where=False)
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("run", help="run a command that sees guestfs's files over /proc, /sys",
+                       description="Mount (or reuse) the filesystem at --mountpoint, run CMD "
+                                   "in a private mount namespace where every served file is "
+                                   "bind-mounted over its /proc or /sys counterpart, and exit "
+                                   "with CMD's status (signals are forwarded).")
+    p.add_argument("--mountpoint", default=DEFAULT_MOUNTPOINT,
+                   help="where the filesystem is or will be mounted (default /run/guestfs)")
+    add_mount_options(p)
+    add_limit_options(p, where=False)
+    p.add_argument("--bind-pressure", action="store_true",
+                   help="also bind /proc/pressure/{cpu,memory,io} (the cgroup's pressure; "
+                        "PSI triggers written to them then fail with EROFS)")
+    p.add_argument("--host-clock", action="store_true",
+                   help="keep the host's boot clock for CMD (by default CMD gets a time "
+                        "namespace whose CLOCK_BOOTTIME is the container's age, so ps's "
+                        "ELAPSED agrees with the served uptime)")
+    add_run_privilege_options(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    # The app and the daemon run lives in share one cgroup: a fixed view, served from the
+    # kernel's page cache (docs/mount.md).
+    p.set_defaults(func=cmd_run, view="self")
+
+    p = sub.add_parser("attach", help="bind the served files inside another process's mount "
+                                      "namespace, and heal stale binds",
+                       description="Enter PID's mount namespace and bind SOURCE/proc/... and "
+                                   "SOURCE/sys/... over /proc and /sys there, replacing binds "
+                                   "left stale by a daemon that died. With --watch, repeat "
+                                   "every --interval seconds for the given pids or for every "
+                                   "other mount namespace (the sidecar pattern). On a "
+                                   "per-container mount (no SOURCE/proc, a SOURCE/<key> for "
+                                   "PID's cgroup) the files are SOURCE/<key>/proc/...")
+    p.add_argument("--pid", type=int, action="append", default=[],
+                   help="a process whose mount namespace gets the binds (repeatable)")
+    p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
+                   help="the guestfs mount: in attach's own mount namespace (its files are "
+                        "moved into the target's), else as seen inside the target's "
+                        "(default /run/guestfs)")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--per-container", dest="per_container", action="store_true",
+                        default=None,
+                        help="SOURCE is a `guestfs mount --per-container` mount: bind "
+                             "SOURCE/<key of PID's cgroup>/... (default: detected)")
+    layout.add_argument("--shared", dest="per_container", action="store_false",
+                        help="SOURCE has the shared layout, SOURCE/proc/... (default: "
+                             "detected)")
+    p.add_argument("--watch", action="store_true", help="keep attaching, forever")
+    p.add_argument("--interval", type=seconds(0, strict=True), default=2.0,
+                   help="seconds between rounds (> 0)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_attach)
+
+    p = sub.add_parser("oci-hook", help="OCI createContainer hook: bind the files over a new "
+                                        "container's /proc and /sys (podman, CRI-O hooks.d)",
+                       description="Read the OCI state on stdin, find the container's root "
+                                   "in BUNDLE/config.json and bind SOURCE/<key>/proc/... (a "
+                                   "per-container mount) or SOURCE/proc/... over "
+                                   "ROOT/proc/... and ROOT/sys/... inside the container's "
+                                   "mount namespace. Fail-open: when it cannot (no guestfs "
+                                   "mount, no directory for the container), it logs one line "
+                                   "and exits 0 so the container starts with the kernel's "
+                                   "files. Example hooks.d file: "
+                                   "container/oci-hooks.d/guestfs.json.")
+    p.add_argument("--source", default=DEFAULT_HOOK_SOURCE,
+                   help="the guestfs mount, in the runtime's mount namespace (default "
+                        f"{DEFAULT_HOOK_SOURCE}, the DaemonSet's per-container mount)")
+    p.add_argument("--strict", action="store_true",
+                   help="fail the container's start when the files cannot be bound")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--per-container", dest="per_container", action="store_true",
+                        default=None, help="SOURCE is a per-container mount (default: "
+                                           "detected)")
+    layout.add_argument("--shared", dest="per_container", action="store_false",
+                        help="SOURCE has the shared layout (default: detected)")
+    p.add_argument("--timeout", type=seconds(0, strict=True), default=5.0,
+                   help="give up after this many seconds (a stopped daemon; default 5)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also log one line when the files were bound")
+    p.add_argument("--log-file", metavar="FILE",
+                   help="also append the log line here (runtimes drop the output of a hook "
+                        "that exits 0)")
+    p.set_defaults(func=cmd_oci_hook)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CliError as e:
+        print(f"guestfs: {one_line(str(e))}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO,
+                        format="guestfs[%(process)d] %(levelname)s %(name)s: %(message)s")

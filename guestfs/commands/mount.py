@@ -1,0 +1,286 @@
+"""`guestfs mount`: set up and run the FUSE daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from guestfs.commands import mountlock
+from guestfs.daemon import privileges
+from guestfs.daemon.fuse_binding import load_binding
+from guestfs.daemon.fusefs import REVALIDATE, make_operations
+from guestfs.daemon.mountpoint import (
+    FSNAME,
+    MountError,
+    MountUnresponsive,
+    is_guestfs_mount,
+    is_stale_mount,
+    mount_entry,
+    probe_mount,
+    refuse_symlink,
+    wait_until,
+)
+from guestfs.daemon.server import ServerConfig, ViewServer
+from guestfs.engine.explicit import ExplicitLimits
+from guestfs.render.files import SERVED_FILES
+from guestfs.sources.hostpin import pin_host_files
+from guestfs.system import sysmount
+from guestfs.system.oneline import one_line
+from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid
+
+log = logging.getLogger("guestfs.mount")
+ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
+LIBFUSE3_STOPPED_BY_SIGNAL = 8
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    mountpoint: str
+    view: str
+    cgroup: str | None
+    cache_ttl: float
+    explicit: ExplicitLimits
+    cpu_rounding: str
+    binding: str = "auto"
+    allow_other: bool = False
+    daemon: bool = False
+    pid_file: str | None = None
+    log_file: str | None = None
+    exit_when_unused: bool = False
+    per_container: bool = False
+
+
+def _read_own(mp: str, name: str) -> bytes | None:
+    """``mp + name`` read by a child process (probe_mount). The daemon reads its own mount
+    only this way: a thread of the serving process blocked in a FUSE request to that same
+    process makes it unkillable (kill -9 then leaves a process that never exits and a
+    wedged mount)."""
+    try:
+        err, data = probe_mount(mp, name, timeout=10.0)
+    except MountUnresponsive:
+        return None
+    return data if err == 0 else None
+
+
+def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
+    """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
+    procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
+    switch the operations to reporting real sizes."""
+    if not wait_until(lambda: _read_own(mp, "") is not None, timeout, 0.05):
+        log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
+        return
+    if ops.page_cache and not _read_own(mp, ops.probe_path):  # type: ignore[attr-defined]
+        # Served from the page cache, a read goes through no open of ours: a client that
+        # does not honour ENOSYS from open (no_open) fails it instead.
+        ops.disable_page_cache("this FUSE client does not read page-cached files")  # type: ignore[attr-defined]
+    probe = ops.size_probe  # type: ignore[attr-defined]
+    if probe is None:
+        log.info("every served file reports one page, which its content fits in: no size "
+                 "probe needed")
+        return
+    data = _read_own(mp, probe)
+    if data is None:
+        log.warning("size probe failed: %s%s could not be read", mp, probe)
+        return
+    empty = not data
+    if empty:
+        ops.sized = True  # type: ignore[attr-defined]
+        log.warning("this FUSE client stops reading at the file size even with direct_io "
+                    "(gVisor does): reporting each file's rendered size from now on")
+
+
+def prepare_mountpoint(mp: str) -> None:
+    # From the mount table and a child's probe, never a stat here: a mount point served by
+    # a stopped daemon would block this process for good.
+    if is_stale_mount(mp):
+        # A daemon was killed and left "Transport endpoint is not connected" behind.
+        log.warning("%s: stale FUSE mount from a dead daemon; detaching it", mp)
+        sysmount.umount(mp, detach=True)
+    entry = mount_entry(mp)
+    # As os.path.ismount saw it, without its stat: a filesystem's root mounted here (a FUSE
+    # mount, a tmpfs) is refused; a bind of a directory onto itself or of a subdirectory
+    # (the sidecar's shared emptyDir) is not a mount point to stack on, so it is fine.
+    if entry is not None and (entry.root == "/" or entry.fstype.startswith("fuse")):
+        raise MountError(f"{mp} is already a mount point"
+                         + (" (a running guestfs)" if is_guestfs_mount(mp) else ""))
+    os.makedirs(mp, exist_ok=True)
+    refuse_symlink(mp)
+
+
+def hold_mount_lock(mp: str, timeout: float = 1.0) -> int:
+    """Take ``mp``'s mount lock for the life of this process (the descriptor is returned and
+    must stay open): one guestfs mount per mountpoint. Taken before the mountpoint is even
+    looked at, so a second mount neither stacks on a live one nor probes (and blocks on)
+    one whose daemon is stopped. Waits ``timeout`` for a holder that only probes it."""
+    fd = mountlock.acquire(mp, "mount", fcntl.LOCK_EX, timeout)
+    if fd is None:
+        owner = mountlock.read_owner(mp)
+        raise MountError(f"{mp} is already served by another guestfs mount"
+                         + (f" (pid {owner.split()[0]})" if owner else "")
+                         + "; one mount per mountpoint")
+    return fd
+
+
+def exit_when_unused(mp: str, interval: float = 0.25, grace: float = 2.0) -> list[int]:
+    """Stop serving once no `guestfs run` holds ``mp``'s users lock. The exclusive lock is
+    kept until exit (the returned list receives its descriptor), so a run arriving
+    meanwhile waits for this daemon to be gone and then starts its own, instead of reusing
+    a mount that is going away. The first check waits ``grace`` seconds, for libfuse to
+    have installed the SIGTERM handler that unmounts."""
+    held: list[int] = []
+    main = threading.main_thread().ident
+
+    def loop() -> None:
+        time.sleep(grace)
+        while (fd := mountlock.acquire(mp, "users", fcntl.LOCK_EX)) is None:
+            time.sleep(interval)
+        held.append(fd)
+        log.info("%s: no guestfs run uses this mount any more; stopping", mp)
+        # To the main thread: libfuse's handler ends the loop, serve() unmounts.
+        signal.pthread_kill(main, signal.SIGTERM)  # type: ignore[arg-type]
+
+    threading.Thread(target=loop, name="guestfs-users", daemon=True).start()
+    return held
+
+
+def wait_mounted(mp: str, child_pid: int | None = None, timeout: float = 20.0) -> bool:
+    """Until guestfs serves at ``mp``; False after ``timeout`` or once ``child_pid`` (the
+    daemon being waited for) has exited."""
+    def exited() -> bool:
+        return child_pid is not None and os.waitpid(child_pid, os.WNOHANG)[0] != 0
+
+    return wait_until(lambda: is_guestfs_mount(mp) or exited(), timeout) \
+        and is_guestfs_mount(mp)
+
+
+def _daemonize(opts: MountOptions, log_file: OpenedFile | None) -> None:
+    """Fork; the parent returns to exit once the mount is up, the child serves."""
+    pid = os.fork()
+    if pid > 0:
+        try:
+            ok = wait_mounted(opts.mountpoint, pid)
+        except MountUnresponsive as e:
+            print(f"guestfs: {one_line(str(e))}", file=sys.stderr)
+            os._exit(1)
+        if not ok:
+            print(one_line(f"guestfs: the daemon did not come up on {opts.mountpoint}"
+                           + (f"; see {opts.log_file}" if opts.log_file else "")),
+                  file=sys.stderr)
+        os._exit(0 if ok else 1)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    out = log_file.fd if log_file else devnull
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+
+
+def open_output_files(opts: MountOptions) -> tuple[OpenedFile | None, OpenedFile | None]:
+    """The pid file and the log file, opened before anything else (and before detaching,
+    so a bad path is reported on the terminal): never through a symlink, never a file
+    that is not ours (guestfs.system.safefile)."""
+    pid_file = open_private(opts.pid_file, "--pid-file", append=False) \
+        if opts.pid_file else None
+    try:
+        log_file = open_private(opts.log_file, "--log-file", append=True) \
+            if opts.log_file and opts.daemon else None
+    except BaseException:
+        if pid_file is not None:
+            os.close(pid_file.fd)
+            remove_if_same(pid_file)
+        raise
+    return pid_file, log_file
+
+
+def serve(opts: MountOptions) -> int:
+    mp = os.path.abspath(opts.mountpoint)
+    binding = load_binding(opts.binding)
+    lock_fd = hold_mount_lock(mp)
+    prepare_mountpoint(mp)
+    pid_file, log_file = open_output_files(opts)
+    if opts.daemon:
+        _daemonize(opts, log_file)
+    mountlock.write_owner(lock_fd, f"{os.getpid()} {mp}\n")
+    # libfuse's loop ends only when its own (the main) thread takes SIGTERM/SIGINT; it
+    # blocks them in its workers, and every thread started here inherits this mask, so a
+    # signal sent to the process cannot land on one of ours (after a SIGSTOP/SIGCONT it
+    # did, and the daemon then never stopped). Unblocked in this thread just before FUSE.
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    host = pin_host_files(SERVED_FILES)
+    server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
+                                           opts.explicit, opts.cpu_rounding))
+    if pid_file is not None:
+        write_pid(pid_file, os.getpid())
+    # Before any thread starts: capabilities are dropped per thread, and a thread started
+    # earlier would keep every one of them.
+    dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
+                                         "fuse3" in binding.libfuse)
+    users_held = exit_when_unused(mp) if opts.exit_when_unused else []
+    server.start_sampler()
+    # libfuse only installs its SIGINT/SIGTERM handlers (which unmount cleanly) over the
+    # default disposition, and Python has its own SIGINT handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    layout = "per-container" if opts.per_container else \
+        "fixed" if server.fixed_view else "per-caller"
+    # Page-cached files are revalidated by one GETATTR per REVALIDATE at most; libfuse3 tells
+    # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
+    cached = layout != "per-caller" and "fuse3" in binding.libfuse \
+        and binding.name.startswith("mfusepy")
+    attr_timeout = min(opts.cache_ttl, REVALIDATE) if cached else ATTR_TIMEOUT
+    kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
+              "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
+              "default_permissions": True}
+    if opts.allow_other:
+        kwargs["allow_other"] = True
+    ops = make_operations(binding.module, server, layout, ATTR_TIMEOUT)
+    server.serving.update(layout=layout, page_cache=cached)
+    if server.fixed_view and opts.cgroup is None:
+        # Whose view --view self serves: a run reusing this mount checks it is its own.
+        server.serving["self_cgroup"] = host.try_read_small("/proc/self/cgroup")
+    if layout != "per-caller" and not cached:
+        log.warning("%s layout without libfuse3 (%s): every read goes through the daemon; "
+                    "install libfuse3 and mfusepy for reads from the kernel's page cache",
+                    layout, binding.libfuse)
+    log.info("serving %s with %s (%s); %s layout%s; view=%s%s cache_ttl=%gs host files "
+             "from %s", mp, binding.name, binding.libfuse, layout,
+             ", page cache" if cached else ", direct_io", opts.view,
+             f" cgroup={opts.cgroup}" if opts.cgroup else "", opts.cache_ttl, host.origin)
+    threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
+                     daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+    try:
+        binding.module.FUSE(ops, dropped.target if dropped else mp, raw_fi=True, **kwargs)
+    except RuntimeError as e:
+        # libfuse3's fuse_main returns 8 when a signal ended the loop: a clean stop.
+        if e.args != (LIBFUSE3_STOPPED_BY_SIGNAL,):
+            log.error("FUSE failed on %s: %s", mp, e)
+            return 1
+    finally:
+        if dropped:
+            dropped.finish()
+        server.stop()
+        host.close()
+        if pid_file is not None:
+            remove_if_same(pid_file)
+        stale_or_ours = False
+        with contextlib.suppress(OSError):  # MountUnresponsive included
+            stale_or_ours = is_stale_mount(mp) or is_guestfs_mount(mp)
+        if stale_or_ours:
+            with contextlib.suppress(OSError):
+                sysmount.umount(mp, detach=True)
+        # Unmounted: the locks' files can go (kept if a run still holds the users lock).
+        for fd in users_held:
+            mountlock.release_removing(fd, mp, "users")
+        mountlock.release_removing(lock_fd, mp, "mount")
+    log.info("unmounted %s (%d reads fell back to host files, %d refused; %d open renderings "
+             "kept)", mp, server.errors, sum(server.refusals.values()), len(ops.kept_renderings))
+    return 0

@@ -1,0 +1,158 @@
+"""The command line's vocabulary: the parser that prints usage errors as one line, option
+types, and the option groups several commands share (limits; mount options, which `run`
+also passes on to the daemon it starts), with their conversion back to argv."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import NoReturn
+
+from guestfs.daemon.fuse_binding import BINDINGS
+from guestfs.daemon.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
+from guestfs.engine.explicit import (
+    ExplicitLimitError,
+    ExplicitLimits,
+    ExplicitSettings,
+    collect_explicit,
+)
+from guestfs.engine.limits import ROUNDINGS
+from guestfs.system.oneline import one_line
+
+ENV_CPU_ROUNDING = "GUESTFS_CPU_ROUNDING"
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 1."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the bad input (argparse prints the whole usage
+    first, which buries it), exit status 2 as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, one_line(f"{self.prog}: {message} (see {self.prog} --help)") + "\n")
+
+
+def seconds(minimum: float, strict: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, at least (``strict``: above)
+    ``minimum``. float() alone takes "nan", "inf" and negatives, which then meant a cache
+    that never expires or a sleep that raises."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give a finite number of seconds {'>' if strict else '>='} "
+                f"{minimum:g}")
+        return value
+    return parse
+
+
+def pid_arg(text: str) -> str:
+    """``self`` or a process id: the value becomes part of a /proc path, so "../x" must
+    not reach it."""
+    if text == "self" or (text.isascii() and text.isdigit() and 0 < int(text) < 2**22 + 1):
+        return text
+    raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+
+
+def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
+    if where:
+        g = p.add_argument_group("where to look")
+        g.add_argument("--root", default="/", metavar="DIR",
+                       help="read host files (/proc, /sys) under DIR (default: /)")
+        g.add_argument("--pid", default="self", type=pid_arg,
+                       help="the process whose limits apply (default: the caller)")
+    e = p.add_argument_group(
+        "explicit limits (the effective value is the minimum of all sources)")
+    e.add_argument("--memory-limit", metavar="Q",
+                   help="memory limit as a Kubernetes quantity (512Mi, 1G) or bytes "
+                        "[env GUESTFS_MEMORY_LIMIT]")
+    e.add_argument("--cpu-limit", metavar="Q",
+                   help="CPU limit as a quantity (1500m, 2) [env GUESTFS_CPU_LIMIT]")
+    e.add_argument("--limits-dir", metavar="DIR",
+                   help="downward-API volume with limits.memory / limits.cpu files "
+                        "[env GUESTFS_LIMITS_DIR]")
+    e.add_argument("--memory-divisor", metavar="Q",
+                   help="divisor of the downward API's memory values (default 1) "
+                        "[env GUESTFS_MEMORY_DIVISOR]")
+    e.add_argument("--cpu-divisor", metavar="Q",
+                   help="divisor of the downward API's cpu values (default 1; use 1m with "
+                        "'divisor: 1m') [env GUESTFS_CPU_DIVISOR]")
+    e.add_argument("--cpu-rounding", choices=ROUNDINGS, default=None,
+                   help="how a fractional CPU quota becomes a CPU count (default ceil, as "
+                        "the JDK, Go and the downward API do) [env GUESTFS_CPU_ROUNDING]")
+
+
+def explicit_from_args(args: argparse.Namespace, env: dict[str, str]
+                       ) -> tuple[ExplicitLimits, str]:
+    rounding = args.cpu_rounding or env.get(ENV_CPU_ROUNDING) or "ceil"
+    if rounding not in ROUNDINGS:
+        raise CliError(f"{ENV_CPU_ROUNDING}={rounding!r}: use one of {', '.join(ROUNDINGS)}")
+    settings = ExplicitSettings(
+        memory_limit=args.memory_limit, cpu_limit=args.cpu_limit, limits_dir=args.limits_dir,
+        memory_divisor=args.memory_divisor, cpu_divisor=args.cpu_divisor, env=env)
+    try:
+        return collect_explicit(settings), rounding
+    except ExplicitLimitError as e:
+        raise CliError(str(e)) from e
+
+
+def limit_argv(args: argparse.Namespace) -> list[str]:
+    """The limit options of ``args`` as command-line words (run passes them to mount)."""
+    out: list[str] = []
+    for opt in ("memory_limit", "cpu_limit", "limits_dir", "memory_divisor", "cpu_divisor",
+                "cpu_rounding"):
+        value = getattr(args, opt)
+        if value is not None:
+            out += ["--" + opt.replace("_", "-"), str(value)]
+    return out
+
+
+def add_mount_options(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("filesystem")
+    m.add_argument("--view", choices=VIEWS, default=DEFAULT_VIEW,
+                   help="whose cgroup a read reflects: the reading process (caller, the "
+                        "default: per-container views even in a shared-pid pod), its "
+                        "pid-namespace init (init, LXCFS's choice) or the daemon's own "
+                        "(self; what run uses by default); an exited pid falls back to "
+                        "the next")
+    m.add_argument("--cgroup", metavar="PATH",
+                   help="pin every read to this cgroup path (as /proc/<pid>/cgroup names it)")
+    m.add_argument("--cache-ttl", type=seconds(0, strict=False), default=DEFAULT_CACHE_TTL,
+                   metavar="SECONDS",
+                   help=f"how long a computed view is reused (default {DEFAULT_CACHE_TTL})")
+    m.add_argument("--fuse-binding", choices=BINDINGS, default="auto",
+                   help="auto (default): mfusepy on libfuse3 if installed, else fusepy")
+    m.add_argument("--allow-other", action="store_true",
+                   help="let other users (and other containers' processes) read the files")
+    m.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def mount_argv(args: argparse.Namespace) -> list[str]:
+    out = ["--view", args.view, "--cache-ttl", str(args.cache_ttl),
+           "--fuse-binding", args.fuse_binding, *limit_argv(args)]
+    if args.cgroup:
+        out += ["--cgroup", args.cgroup]
+    if args.allow_other:
+        out.append("--allow-other")
+    if args.verbose:
+        out.append("--verbose")
+    return out
+
+
+def add_run_privilege_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("privileges of CMD and readers")
+    g.add_argument("--keep-caps", action="store_true",
+                   help="let CMD keep CAP_SYS_ADMIN (by default it is dropped from all its "
+                        "capability sets, so CMD can neither undo the binds nor mount)")
+    # Most apps run as non-root: a mount only root could read would fail them (docs/mount.md
+    # says why allow_other is safe here).
+    g.add_argument("--no-allow-other", dest="allow_other", action="store_false",
+                   help="only the mounting user may read the files (default for run: "
+                        "every user may, --allow-other)")
+    p.set_defaults(allow_other=True)

@@ -1,0 +1,219 @@
+"""`guestfs run -- CMD`: CMD in a private mount namespace with the served files bound
+over their /proc and /sys counterparts; the filesystem is mounted first, or reused."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+from guestfs.commands import supervise
+from guestfs.commands.apppriv import AppSetup, prepare_app
+from guestfs.commands.oomadj import shield_wrapper
+from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
+from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
+from guestfs.sources.hostroot import pread_all
+from guestfs.system import sysmount
+from guestfs.system.selfexec import guestfs_argv
+
+log = logging.getLogger("guestfs.run")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2, signal.SIGWINCH)
+
+
+class RunError(RuntimeError):
+    pass
+
+
+def start_daemon(mp: str, mount_args: list[str]) -> subprocess.Popen[bytes]:
+    """``guestfs mount MP`` as a child that serves while any run uses it.
+
+    Its own session: the terminal's SIGINT/SIGQUIT (Ctrl-C, sent to the whole foreground
+    process group) and SIGHUP reach the app and us, never the daemon, which we stop once
+    the app has exited. With --exit-when-unused it stops itself once no run holds the
+    mount's users lock, so a run killed with -9 leaves nothing behind, while a daemon
+    another run still uses outlives the run that started it (docs/mount.md)."""
+    proc = subprocess.Popen(guestfs_argv(["mount", mp, *mount_args]), start_new_session=True)
+    # Given up as soon as the daemon exits (killed while starting, a refused mount): the
+    # supervisor then retries with backoff instead of waiting out the timeout.
+    if not wait_until(lambda: proc.poll() is not None or is_guestfs_mount(mp), 20.0) \
+            or proc.poll() is not None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        proc.wait()
+        raise RunError(f"guestfs mount {mp} did not come up")
+    return proc
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
+    """SIGTERM (a guestfs daemon unmounts on it), then SIGKILL after ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def check_reused_view(mp: str) -> None:
+    """A live mount at ``mp`` serving a fixed view of the daemon's own cgroup (what run
+    starts) is reused only by a run in that same cgroup: another cgroup's limits must not
+    be served to this CMD."""
+    from guestfs.daemon.daemon_status import read_status
+
+    try:
+        theirs = read_status(mp).get("self_cgroup")
+    except OSError as e:
+        raise RunError(f"{mp}: cannot read the serving daemon's status: {e}") from e
+    if theirs is None:
+        return   # a per-caller or pinned view: every reader gets what it should
+    with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
+        ours = f.read()
+    if theirs != ours:
+        raise RunError(f"{mp} is served for another cgroup's processes; give this run a "
+                       "--mountpoint of its own")
+
+
+def binds_for(mp: str, pressure: bool = False) -> list[tuple[str, str]]:
+    # A kernel without PSI has no /proc/pressure: nothing to cover there.
+    files = SERVED_FILES if pressure else BOUND_BY_DEFAULT
+    return [(mp + f, f) for f in files if os.path.exists(f)]
+
+
+def wait_serving(path: str, timeout: float = 30.0) -> None:
+    """Until a read of ``path`` returns data: a daemon that found a FUSE client which stops
+    at st_size (gVisor) reports sizes only once its probe has run."""
+    def reads_data() -> bool:
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            return bool(f.read())
+        return False
+
+    if not wait_until(reads_data, timeout, 0.05):
+        raise RunError(f"{path} reads empty after {timeout:g}s")
+
+
+def rereads_after_lseek(path: str) -> bool:
+    """Whether an open FUSE file can be read again after lseek(0), as procps does on every
+    sample. gVisor's FUSE client (runsc 20221219) answers EOF without asking the server."""
+    with open(path, "rb", buffering=0) as f:
+        first = f.read()
+        f.seek(0)
+        again = f.read()
+    return bool(first) and bool(again)
+
+
+def read_with_pread(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return pread_all(fd)
+    finally:
+        os.close(fd)
+
+
+class Materialized:
+    """The served files as regular files in a private directory, refreshed in place every
+    ``interval`` seconds from the mount (with pread, which such clients do forward). For
+    FUSE clients whose open files cannot be re-read; in place, because a bind mount pins
+    the inode. Readers see the view of the `guestfs run` process itself."""
+
+    def __init__(self, binds: list[tuple[str, str]], interval: float = 1.0) -> None:
+        self.dir = tempfile.mkdtemp(prefix="guestfs-run-")
+        self.sources = {guest: src for src, guest in binds}
+        self.binds = [(os.path.join(self.dir, guest.strip("/").replace("/", "_")), guest)
+                      for _src, guest in binds]
+        self.interval = interval
+        self._stop = threading.Event()
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="guestfs-refresh",
+                                        daemon=True)
+        self._thread.start()
+
+    def refresh(self) -> None:
+        for dst, guest in self.binds:
+            try:
+                data = read_with_pread(self.sources[guest])
+            except OSError as e:
+                log.warning("refreshing %s: %s", guest, e)
+                continue
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+            try:
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+            finally:
+                os.close(fd)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.refresh()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup) -> None:
+    try:
+        sysmount.unshare_mount_namespace()
+        for src, dst in binds:
+            sysmount.bind(src, dst)
+        prepare_app(app)
+    except OSError as e:
+        print(f"guestfs run: {e}", file=sys.stderr)
+        os._exit(127)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        print(f"guestfs run: {cmd[0]}: {e}", file=sys.stderr)
+        os._exit(127)
+
+
+def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
+        keep_caps: bool = False, host_clock: bool = False) -> int:
+    mp = os.path.abspath(mp)
+    # Before the daemon: it inherits the shield.
+    app = AppSetup(keep_caps, shield_wrapper(), None if host_clock else mp + "/proc/uptime")
+    # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
+    mount_args = [*mount_args, "--exit-when-unused"]
+    users = supervise.join_users(mp)
+    daemon = supervisor = materialized = None
+    try:
+        if not is_guestfs_mount(mp):
+            daemon = supervise.start_or_reuse(mp, lambda: start_daemon(mp, mount_args))
+        else:
+            check_reused_view(mp)
+        binds = binds_for(mp, bind_pressure)
+        wait_serving(mp + "/proc/meminfo")
+        if not rereads_after_lseek(mp + "/proc/meminfo"):
+            log.warning("open files on %s cannot be re-read after lseek (gVisor's FUSE "
+                        "client): binding regular copies refreshed every second", mp)
+            materialized = Materialized(binds)
+            binds = materialized.binds
+        pid = os.fork()
+        if pid == 0:
+            _child(binds, cmd, app)
+        # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
+        supervisor = supervise.Supervisor(mp, lambda: start_daemon(mp, mount_args), pid,
+                                          None if materialized else binds, daemon)
+        supervisor.start()
+        for sig in FORWARDED:
+            signal.signal(sig, lambda s, _f: os.kill(pid, s))
+        _, status = os.waitpid(pid, 0)
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        rc = os.waitstatus_to_exitcode(status)
+        return 128 - rc if rc < 0 else rc
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+            daemon = supervisor.daemon  # the one it restarted, if it did
+        if materialized is not None:
+            materialized.close()
+        supervise.leave_users(mp, users, daemon)

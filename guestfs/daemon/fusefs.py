@@ -1,0 +1,367 @@
+"""The FUSE operations: a thin layer from paths and file handles to ViewServer.render.
+
+Layout under the mount point is LXCFS's, so its recipes work with the path changed:
+proc/{meminfo,...}, proc/pressure/{cpu,memory,io}, sys/devices/system/cpu/{online,...};
+a --per-container mount has that layout once per container, under MOUNT/<key>/.
+
+Two ways of serving (docs/mount.md, "How reads are served"):
+- per caller (the LXCFS-style shared mount): every open and read reaches the daemon
+  (direct_io), which answers each reader with its own container's numbers;
+- page cache (a fixed view, or a per-container directory: every reader of a file gets the
+  same bytes): open answers ENOSYS, so the kernel stops sending OPEN for the connection
+  (no_open) and serves reads from its page cache; the daemon renders on the GETATTR that
+  follows the attribute timeout once the rendering's freshness deadline has passed, and a
+  new mtime makes the kernel drop the old pages.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+import time
+from collections import Counter
+from types import ModuleType
+from typing import Any
+
+from guestfs.daemon.daemon_status import STATUS_PATH
+from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
+from guestfs.daemon.server import UNCACHED, UnseenReader, ViewServer
+from guestfs.render.files import SERVED_FILES
+from guestfs.sources.containerdirs import BadKey, cgroup_exists, path_of_key
+from guestfs.sources.hostroot import HostRoot
+
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+SIZED_ENTRIES = 4096
+LAYOUTS = ("per-caller", "fixed", "per-container")
+# How long the kernel may keep a page-cached file's attributes (and so its pages) before
+# it asks again: one GETATTR per file per 10 ms at most, whoever reads. Files rendered per
+# read (/proc/stat, uptime) are then at most 10 ms old, the resolution (USER_HZ) of the
+# counters /proc/stat itself shows; the others change when their view expires
+# (--cache-ttl), so a changed limit shows within --cache-ttl + 10 ms. One value for every
+# file, set once at start: libfuse3 sends the same attribute timeout with every reply.
+REVALIDATE = 0.01
+# libfuse3's capability bits (fuse_common.h): the kernel offers no_open since Linux 3.14;
+# libfuse3 wants auto_inval_data by default wherever it is offered.
+CAP_AUTO_INVAL_DATA = 1 << 12
+CAP_NO_OPEN_SUPPORT = 1 << 17
+CALL_KINDS = ("getattr", "open", "read", "readdir", "render")
+PAGE = 4096
+# A /proc file whose host original is longer than this may outgrow one page once rendered
+# (digits differ from the host's): it keeps procfs's size 0.
+PAGE_MARGIN = 1024
+
+log = logging.getLogger("guestfs.fusefs")
+
+
+def page_sized_files(host: HostRoot) -> set[str]:
+    """The served files reported as one page long (sysfs's convention) rather than 0.
+
+    Why: a file's size is what the kernel's mmap of it checks. A private mmap of a FUSE file
+    opened with direct_io goes through the page cache, and with a size of 0 its first access
+    is SIGBUS — FUSE gives the server no way to refuse the mmap itself. With a size of one
+    page the fault reads page 0 through our read() for the mapping's own open, so the
+    mapping holds that reader's bytes (then zeros, as sysfs files do). Only files that
+    always fit in a page can say so: a larger size would make readers that trust st_size
+    (Node's readFile) stop early or mmap pages past the end, and a size of one page for a
+    longer file would cut them short."""
+    paged = set()
+    for f in SERVED_FILES:
+        if f in UNCACHED:
+            # Rendered afresh on every read (stat, uptime): the kernel may fill a mapped
+            # page with more than one read, and two renderings would tear it (seen under
+            # load: a /proc/stat page cut before its last newline). Size 0: mmap() fails
+            # cleanly with EINVAL, as for an empty file.
+            continue
+        if f.startswith("/sys/"):
+            paged.add(f)
+            continue
+        text = host.try_read_text(f)
+        if text is None or len(text.encode()) <= PAGE - PAGE_MARGIN:
+            paged.add(f)  # absent on the host (no PSI): ours is a few fixed lines
+    return paged
+
+
+def _tree() -> tuple[dict[str, list[str]], set[str]]:
+    dirs: dict[str, list[str]] = {"/": []}
+    for f in SERVED_FILES:
+        parts = f.strip("/").split("/")
+        for depth in range(1, len(parts) + 1):
+            parent = "/" + "/".join(parts[: depth - 1]) if depth > 1 else "/"
+            child = "/" + "/".join(parts[:depth])
+            if parts[depth - 1] not in dirs[parent]:
+                dirs[parent].append(parts[depth - 1])
+            if depth < len(parts):
+                dirs.setdefault(child, [])
+    # The daemon's own status (fallback counts) sits at the root, beside LXCFS's layout.
+    dirs["/"].append(STATUS_PATH.lstrip("/"))
+    return dirs, {*SERVED_FILES, STATUS_PATH}
+
+
+def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-caller",
+                    direct_timeout: float = 0.5) -> Any:
+    """An Operations instance for the binding module ``fuse`` (fusepy or mfusepy).
+
+    ``layout``: "per-caller" (LXCFS's layout, each reader its own view, direct_io),
+    "fixed" (LXCFS's layout, one view for every reader, page-cached where libfuse3's init
+    says the kernel's client offers no_open and auto_inval_data) or "per-container" (one
+    directory per container cgroup, page-cached likewise). ``direct_timeout`` is the
+    attribute timeout to fall back to when the page cache cannot be used."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}")
+    dirs, files = _tree()
+    paged = page_sized_files(server.host)
+    t = time.time_ns()  # every directory carries the mount's start time
+    erofs = fuse.FuseOSError(errno.EROFS)
+    enoent = fuse.FuseOSError(errno.ENOENT)
+    per_container = layout == "per-container"
+
+    def render(path: str, cgroup: str | None) -> tuple[float, bytes]:
+        ops.calls["render"] += 1
+        try:
+            return server.render_until(path, fuse.fuse_get_context()[2], cgroup)
+        except UnseenReader:
+            # The server counted and logged it; the reader gets a plain permission error.
+            raise fuse.FuseOSError(errno.EACCES) from None
+
+    class GuestFS(fuse.Operations):  # type: ignore[misc, name-defined]
+        use_ns = True
+
+        def __init__(self) -> None:
+            self._per_handle = OpenRenderings()
+            self._next = itertools.count(1)  # next() on a count is atomic in CPython
+            # Sized mode, for FUSE implementations that stop reading at st_size even with
+            # direct_io (gVisor): getattr renders the file for the asking pid and reports
+            # its length; that same rendering is what the next open of it serves.
+            self.sized = False
+            self._sized: dict[tuple[object, str], bytes] = {}
+            # The page cache path: decided in init (it needs libfuse3's config) and
+            # turned off again if the FUSE client does not honour no_open (probe).
+            self.page_cache = False
+            self.generations = Generations()
+            self._config: Any = None
+            self._known: dict[str, str] = {}   # per-container: key -> cgroup path
+            self.layout = layout
+            # FUSE requests that reached Python, by kind (the status file shows them; a
+            # page-cached read must add none). Every key exists from the start: the status
+            # is rendered while other threads count.
+            self.calls: Counter[str] = Counter(dict.fromkeys(CALL_KINDS, 0))
+            server.serving["callbacks"] = self.calls
+
+        @property
+        def kept_renderings(self) -> OpenRenderings:
+            return self._per_handle
+
+        @property
+        def probe_path(self) -> str:
+            """A file every layout serves at the mount's root, to see that it serves."""
+            return STATUS_PATH if per_container else "/sys/devices/system/cpu/online"
+
+        @property
+        def size_probe(self) -> str | None:
+            """A served file whose reported size is 0, to find out whether the FUSE client
+            reads past st_size (docs/mount.md); None when every file reports its size."""
+            if self.page_cache:
+                return None   # every file reports its rendered size
+            return next((f for f in sorted(SERVED_FILES) if f not in paged), None)
+
+        # ------------------------------------------------------------ setup
+
+        def init_with_config(self, conn: Any, config: Any) -> None:
+            # libfuse3 says here what the kernel's FUSE client offers (libfuse2 gives no
+            # config: the page cache path is not taken there).
+            if config is None or layout == "per-caller":
+                return
+            self._config = config
+            capable = int(getattr(conn, "capable", 0) or 0)
+            want = int(getattr(conn, "want", 0) or 0)
+            missing = [name for name, bit, mask in (
+                ("no_open", CAP_NO_OPEN_SUPPORT, capable),
+                ("auto_inval_data", CAP_AUTO_INVAL_DATA, want)) if not mask & bit]
+            if missing:
+                # gVisor's FUSE client offers neither: there an ENOSYS from open fails
+                # the reader instead of turning OPEN off, and nothing would drop stale
+                # pages. Served through the daemon, as on libfuse2.
+                self.disable_page_cache(f"this FUSE client lacks {' and '.join(missing)}")
+                return
+            self.page_cache = True
+
+        def disable_page_cache(self, why: str) -> None:
+            """Back to direct_io and per-open renderings (a client without no_open)."""
+            self.page_cache = False
+            server.serving["page_cache"] = False
+            if self._config is not None:
+                self._config.attr_timeout = direct_timeout
+            log.warning("%s: serving every read through the daemon (direct_io)", why)
+
+        # ------------------------------------------------------------ paths
+
+        def _split(self, path: str) -> tuple[str | None, str]:
+            """(cgroup of the per-container directory or None, path in the layout)."""
+            if not per_container or path in ("/", STATUS_PATH):
+                return None, path
+            key, _, rest = path[1:].partition("/")
+            cgroup = self._known.get(key)
+            if cgroup is None:
+                try:
+                    cgroup = path_of_key(key)
+                except BadKey:
+                    raise enoent from None
+                # Created on demand: a lookup of a container's key serves it while its
+                # cgroup exists; bounded, as a lookup of every name must not grow us.
+                if not cgroup_exists(server.host, cgroup):
+                    raise enoent
+                if len(self._known) >= SIZED_ENTRIES:
+                    self._known.pop(next(iter(self._known)))
+                self._known[key] = cgroup
+            return cgroup, "/" + rest
+
+        def _is_dir(self, cgroup: str | None, sub: str) -> bool:
+            if per_container and cgroup is None:
+                return sub == "/"
+            return sub in dirs and sub != STATUS_PATH
+
+        def _is_file(self, cgroup: str | None, sub: str) -> bool:
+            if per_container and cgroup is None:
+                return sub == STATUS_PATH
+            return sub in files and (cgroup is None or sub != STATUS_PATH)
+
+        # ------------------------------------------------------------ callbacks
+
+        def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+            self.calls["getattr"] += 1
+            cgroup, sub = self._split(path)
+            if self._is_dir(cgroup, sub):
+                return {"st_mode": DIR_MODE, "st_nlink": 2, "st_mtime": t, "st_ctime": t,
+                        "st_atime": t}
+            if not self._is_file(cgroup, sub):
+                raise enoent
+            if self.page_cache:
+                gen = self._current(path, cgroup, sub)
+                return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": len(gen.data),
+                        "st_mtime": gen.mtime_ns, "st_ctime": gen.mtime_ns,
+                        "st_atime": gen.mtime_ns}
+            if self.sized:
+                who = server.reader(fuse.fuse_get_context()[2])
+                data = render(sub, cgroup)[1]
+                if len(self._sized) > SIZED_ENTRIES:  # stat()s never followed by open()
+                    self._sized.clear()
+                self._sized[(who, path)] = data
+                size = len(data)
+            else:
+                # One page for files that always fit in one (so mmap works), else
+                # procfs's 0; direct_io makes reads ignore it either way.
+                size = PAGE if sub in paged else 0
+            return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": size,
+                    "st_mtime": t, "st_ctime": t, "st_atime": t}
+
+        def _current(self, path: str, cgroup: str | None, sub: str) -> Generation:
+            """The generation to report for ``path``: rendered afresh once the last one
+            is due (the server's caches make that cheap until the view expires)."""
+            now = time.monotonic()
+            gen = self.generations.get(path)
+            if gen is not None and now < gen.deadline:
+                return gen
+            deadline, data = render(sub, cgroup)
+            return self.generations.offer(path, deadline, data, now)[0]
+
+        def readdir(self, path: str, fh: Any) -> list[Any]:
+            self.calls["readdir"] += 1
+            cgroup, sub = self._split(path)
+            if not self._is_dir(cgroup, sub):
+                raise fuse.FuseOSError(errno.ENOTDIR if self._is_file(cgroup, sub)
+                                       else errno.ENOENT)
+            out: list[Any] = [(".", {"st_mode": DIR_MODE}, 0), ("..", {"st_mode": DIR_MODE}, 0)]
+            if per_container and cgroup is None:
+                # The containers served so far (any other key is served when looked up).
+                names = [STATUS_PATH.lstrip("/"), *self._known]
+                return out + [(n, {"st_mode": FILE_MODE if n == names[0] else DIR_MODE}, 0)
+                              for n in names]
+            base = sub.rstrip("/")
+            for name in dirs[sub]:
+                if cgroup is not None and f"{base}/{name}" == STATUS_PATH:
+                    continue
+                mode = DIR_MODE if f"{base}/{name}" in dirs else FILE_MODE
+                out.append((name, {"st_mode": mode}, 0))
+            return out
+
+        def open(self, path: str, fi: Any) -> int:
+            self.calls["open"] += 1
+            cgroup, sub = self._split(path)
+            if not self._is_file(cgroup, sub):
+                raise fuse.FuseOSError(errno.EISDIR if self._is_dir(cgroup, sub)
+                                       else errno.ENOENT)
+            if fi.flags & os.O_ACCMODE != os.O_RDONLY or fi.flags & os.O_TRUNC:
+                raise erofs
+            if self.page_cache:
+                # The kernel remembers this for the whole connection (no_open) and from
+                # then on opens, reads from its page cache and closes without asking us.
+                raise fuse.FuseOSError(errno.ENOSYS)
+            # direct_io: every read reaches us, so a size of 0 neither truncates nor
+            # empties the file, and nothing stale is served from the page cache.
+            fi.direct_io = 1
+            fi.fh = next(self._next)
+            if self.sized:
+                who = server.reader(fuse.fuse_get_context()[2])
+                data = self._sized.pop((who, path), None)
+                if data is not None:
+                    self._per_handle.put(fi.fh, data)
+            return 0
+
+        def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+            self.calls["read"] += 1
+            cgroup, sub = self._split(path)
+            if self.page_cache:
+                # A page the kernel does not hold (yet): from the generation its GETATTR
+                # reported, never a newer one (Generations says why).
+                now = time.monotonic()
+                gen = self.generations.read(path, now)
+                if gen is None:   # evicted from our store, or read before any GETATTR
+                    gen = self._current(path, cgroup, sub)
+                    gen.last_read = now
+                return gen.data[offset:offset + size]
+            # One rendering per open, made at offset 0: later offsets of the same open
+            # come from it, so a reader never sees a file torn between two renderings.
+            fh = fi.fh
+            data = None if offset == 0 and not self.sized else self._per_handle.get(fh)
+            if data is None:
+                data = render(sub, cgroup)[1]
+                self._per_handle.put(fh, data)
+                if len(data) > PAGE and sub in paged:
+                    # Longer than the size we report: report 0 from now on (a reader that
+                    # trusts st_size would stop at the page).
+                    paged.discard(sub)
+                    log.warning("%s rendered %d bytes, more than one page: reporting size 0",
+                                sub, len(data))
+            return data[offset:offset + size]
+
+        def statfs(self, path: str) -> dict[str, int]:
+            return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+
+        def access(self, path: str, amode: int) -> int:
+            cgroup, sub = self._split(path)
+            if not self._is_dir(cgroup, sub) and not self._is_file(cgroup, sub):
+                raise enoent
+            if amode & os.W_OK:
+                raise erofs
+            return 0
+
+        # Read-only filesystem: everything that would change it.
+        def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+            raise erofs
+
+        write = create = mkdir = rmdir = unlink = rename = link = symlink = mknod = _refuse
+        chmod = chown = truncate = utimens = setxattr = removexattr = _refuse
+
+        # Left out of the FUSE callback table (the bindings skip None): without a flush
+        # handler the kernel learns ENOSYS once and stops sending FLUSH on every close,
+        # which saves a full round trip per open/read/close.
+        # No release either (see renderings.OpenRenderings).
+        flush = fsync = fsyncdir = opendir = releasedir = getxattr = listxattr = None
+        readlink = lock = bmap = ioctl = release = None
+
+    ops = GuestFS()
+    return ops

@@ -1,0 +1,160 @@
+"""Mountpoint helpers every command shares: the mount table's entry at a path, probing a
+FUSE mount from a child process (a stopped daemon blocks its readers forever), telling a
+live guestfs mount from a stale one, and polling until something holds.
+
+Neutral ground: `guestfs mount`, `run`, `attach`, the run supervisor and the daemon's
+status reader import these from here rather than from each other."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from guestfs.sources.mountinfo import MountEntry, parse_mount_entries
+
+STATUS_PATH = "/.guestfs-status"   # the daemon's status, at the root of every layout
+
+FSNAME = "guestfs"
+PROBE_FILE = "/sys/devices/system/cpu/online"  # served with a sysfs-style size of 4096
+PROBE_TIMEOUT = 5.0  # how long a probe waits for a FUSE mount to answer
+
+
+class MountError(RuntimeError):
+    pass
+
+
+class MountUnresponsive(OSError):
+    """A FUSE mount whose daemon does not answer (stopped with SIGSTOP, or wedged): any
+    stat, listing or read of it would block forever, so our probes give up with this."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def canonical_mountpoint(path: str) -> str:
+    """``path`` as the mount table spells it, found without a stat of ``path`` itself (a
+    stat of a mount served by a stopped daemon never returns): only its parent is resolved."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    return os.path.join(os.path.realpath(parent), name) if name else path
+
+
+def mount_entry(path: str) -> MountEntry | None:
+    """The topmost mount at ``path`` in our mount table, or None. Reads only
+    /proc/self/mountinfo, never the mount itself, so it cannot hang."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return None
+    path = canonical_mountpoint(path)
+    found = [e for e in parse_mount_entries(text) if e.mount_point == path]
+    return found[-1] if found else None
+
+
+# Run by a child: list the mount point, then read up to LIMIT bytes of one file under it;
+# print the errno of the first failure (0 for none) on the first line, the data after it.
+_PROBE = """import os, sys
+mp, name, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    os.listdir(mp)
+    data = b""
+    if name:
+        with open(mp + name, "rb") as f:
+            data = f.read(limit)
+except OSError as e:
+    sys.stdout.write(str(e.errno or 0) + "\\n")
+else:
+    sys.stdout.buffer.write(b"0\\n" + data)
+"""
+
+
+def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
+                limit: int = 4096) -> tuple[int, bytes]:
+    """List ``mp`` (and read up to ``limit`` bytes of ``mp + name``) from a child process:
+    (errno or 0, data).
+
+    Never from this process: a FUSE request to a stopped daemon waits forever, and only a
+    fatal signal ends it, so the child is killed after ``timeout`` and MountUnresponsive
+    raised. Our own interpreter by absolute path, isolated (-I -S): nothing is imported
+    from the working directory."""
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE, mp, name, str(limit)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, close_fds=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        # A FUSE wait is killable; should the child still not go, it is not waited for.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1.0)
+        raise MountUnresponsive(
+            errno.ETIMEDOUT, f"{mp}: the FUSE mount does not answer within {timeout:g}s "
+            f"(its daemon is stopped or hung: SIGCONT it, or detach it with umount -l)"
+        ) from None
+    head, _, data = out.partition(b"\n")
+    try:
+        return int(head), data
+    except ValueError:
+        return errno.EIO, b""   # the child died before answering
+
+
+def is_guestfs_mount(path: str) -> bool:
+    """A live guestfs mount at ``path``: our mount table names it, and a child process
+    reads the daemon's status file there (raises MountUnresponsive when the daemon does
+    not answer).
+
+    A read, not a listing, and the table is read again after the probe: a stale mount
+    detached between the two (a new daemon replacing it) would otherwise have the plain
+    directory beneath it listed and taken for a live mount (a test then opened
+    proc/meminfo there and got ENOENT)."""
+    entry = mount_entry(path)
+    if entry is None:
+        return False
+    mp = entry.mount_point
+    if entry.fstype == f"fuse.{FSNAME}":
+        err, data = probe_mount(mp, STATUS_PATH)
+        live = err == 0 and bool(data)
+    elif entry.fstype == "fuse":
+        # gVisor shows neither the subtype nor the fsname: look at the layout.
+        live = _serves(mp)
+    else:
+        return False
+    return live and mount_entry(path) == entry
+
+
+def is_stale_mount(path: str) -> bool:
+    """A FUSE mount at ``path`` whose daemon died ("Transport endpoint is not connected"),
+    found without touching the mount from this process."""
+    entry = mount_entry(path)
+    return (entry is not None and entry.fstype.startswith("fuse")
+            and probe_mount(entry.mount_point)[0] == errno.ENOTCONN)
+
+
+def _serves(mp: str) -> bool:
+    """``mp`` answers with guestfs's layout (its sysfs-style file has a non-zero size)."""
+    err, data = probe_mount(mp, PROBE_FILE)
+    return err == 0 and bool(data)
+
+
+def wait_until(ready: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    """Poll ``ready`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def refuse_symlink(mp: str) -> None:
+    """mount(2) follows a symlink at its target: one planted in /tmp by another user would
+    have root mount the filesystem over whatever it points to (/etc). Only looked at when
+    ``mp`` is not a mount (an lstat of a stopped daemon's mount point would hang)."""
+    if mount_entry(mp) is None and os.path.islink(mp):
+        raise MountError(f"{mp} is a symbolic link; give the directory itself")

@@ -1,0 +1,395 @@
+"""The daemon's core, apart from FUSE: which view a reader gets, caching, per-view state.
+
+For every read the FUSE layer asks render(path, pid). The pid's cgroup names the view;
+views are cached for a short TTL (a hit costs no cgroup file reads), and each view keeps
+the state that must outlive the cache: /proc/stat counters (monotonic for top and
+psutil) and the load average the sampler thread feeds every 5 s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from cachetools import LRUCache, TTLCache
+
+from guestfs.daemon.daemon_status import STATUS_PATH
+from guestfs.daemon.readers import Reader, ReaderIds
+from guestfs.engine.explicit import ExplicitLimits
+from guestfs.engine.limits import EffectiveLimits, effective_limits
+from guestfs.render.files import ViewState, render_file, view_tasks
+from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup
+from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
+from guestfs.sources.timens import read_boottime_offset
+from guestfs.sources.usage import (
+    container_incarnation,
+    pidns_init,
+    read_start_ticks,
+    read_task_counts,
+)
+
+log = logging.getLogger("guestfs.server")
+
+VIEWS = ("caller", "init", "self")
+DEFAULT_VIEW = "caller"
+DEFAULT_CACHE_TTL = 0.5
+# Rendered afresh on every read, with the CPU counters read at that moment: uptime's first
+# field is wall time, top divides process CPU ticks by its deltas, and /proc/stat feeds
+# rates (vmstat, mpstat, a Prometheus rate()) that a TTL-old counter pushes past 100 %.
+UNCACHED = frozenset({"/proc/uptime", "/proc/stat"})
+PINNED = "cgroup:"
+FAST_ENTRIES = 16384
+MAX_CAUSES = 256
+class UnseenReader(PermissionError):
+    """The reader is not visible to the daemon (another pid namespace, or a /proc that is
+    not the daemon's): a per-caller view cannot know its cgroup, so the read is refused
+    (EACCES) rather than served the daemon's own or anyone else's numbers."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    view: str = DEFAULT_VIEW
+    cgroup: str | None = None            # pinned view: this cgroup path, whoever reads
+    cache_ttl: float = DEFAULT_CACHE_TTL
+    explicit: ExplicitLimits = field(default_factory=ExplicitLimits)
+    cpu_rounding: str = "ceil"
+
+
+@dataclass
+class _View:
+    snap: Snapshot
+    lim: EffectiveLimits
+    born: float            # time.monotonic() when its cgroup files were read
+    incarnation: object    # identity of the container's cgroup directory
+    # The daemon's threads when the view was read: under `guestfs run` they live in the
+    # container's cgroup and must not count as its load or running tasks.
+    own_threads: frozenset[str] = frozenset()
+    # Readings its renders share while it is cached (the container's thread states).
+    memo: dict[str, object] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class _LastingState:
+    """What outlives the view cache for one view key (CPU clock, age, load) and the lock
+    its renders take."""
+
+    state: ViewState = field(default_factory=ViewState)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _lost_hierarchies(last: _View | None, new: _View) -> list[str]:
+    """Limit controllers whose cgroup was visible in ``last`` and is not in ``new``."""
+    if last is None:
+        return []
+    return [c for c in LIMIT_CONTROLLERS
+            if last.snap.hierarchies[c].levels and not new.snap.hierarchies[c].levels]
+
+
+class ViewServer:
+    def __init__(self, host: HostRoot, config: ServerConfig) -> None:
+        if config.view not in VIEWS:
+            raise ValueError(f"unknown view {config.view!r}; use one of {VIEWS}")
+        self.host = host
+        self.config = config
+        ttl = config.cache_ttl
+        self._lock = threading.Lock()
+        self._pid_keys: TTLCache[Reader, tuple[str, str]] = TTLCache(8192, ttl)
+        self._views: TTLCache[str, _View] = TTLCache(1024, ttl)
+        # (view key, path) -> (deadline, bytes); the deadline is the view's birth + TTL.
+        self._rendered: TTLCache[tuple[str, str], tuple[float, bytes]] = TTLCache(8192, ttl)
+        self._entries: LRUCache[str, _LastingState] = LRUCache(1024)
+        self._last_good: LRUCache[tuple[str, str], bytes] = LRUCache(4096)
+        self._last_view: LRUCache[str, _View] = LRUCache(1024)
+        self.fallbacks: Counter[str] = Counter()
+        self.refusals: Counter[str] = Counter()   # unseen readers, by cause
+        # The hot path: (reader, path) -> (deadline, bytes), a plain dict read without a lock.
+        self._fast: dict[tuple[Reader, str], tuple[float, bytes]] = {}
+        self._proc_is_ours = self._check_proc()
+        self._reader_ids = ReaderIds(self.start_time, host.root in ("", "/"))
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+        self.errors = 0
+        # How the FUSE layer serves (layout, page cache): shown in the status file.
+        self.serving: dict[str, object] = {}
+
+    # ------------------------------------------------------------ which view
+
+    def _check_proc(self) -> bool:
+        """Whether the pids FUSE reports (numbered in the daemon's pid namespace) name the
+        same processes in the /proc the daemon reads. A daemon started by `unshare --pid
+        --fork` without its own procfs sees its parent namespace's /proc: pid 5 there is
+        another process than the reader 5."""
+        if self.host.root not in ("", "/"):
+            return True  # a fixture root: its pids are the ones the test asks for
+        try:
+            ours = os.readlink("/proc/self") == str(os.getpid())
+        except OSError:
+            ours = False
+        if not ours:
+            log.warning("/proc is not this daemon's pid namespace's: readers cannot be told "
+                        "apart, so per-caller reads are refused (use --cgroup or --view self)")
+        return ours
+
+    def start_time(self, pid: int) -> int | None:
+        return read_start_ticks(self.host, pid)
+
+    def reader(self, pid: int) -> Reader:
+        """The reader's identity; pid 0 (FUSE's answer for a reader outside the daemon's pid
+        namespace) has none. Fixed views ignore it, so they pay no /proc read."""
+        if pid <= 0 or self.fixed_view:
+            return (pid, None)
+        return self._reader_ids(pid)
+
+    @property
+    def fixed_view(self) -> bool:
+        return self.config.cgroup is not None or self.config.view == "self"
+
+    def _refuse(self, cause: str, pid: int) -> UnseenReader:
+        self.refusals[cause] += 1
+        if self.refusals[cause] == 1:
+            log.warning("refusing reads (EACCES) from pid %d: %s (logged once per cause)",
+                        pid, cause)
+        return UnseenReader(f"pid {pid}: {cause}")
+
+    def _candidates(self, pid: int) -> list[str]:
+        """Pids whose cgroup names the view, best first. Never the daemon's own: a reader
+        it cannot see must not silently get the daemon's numbers."""
+        if self.config.view == "init":
+            init = pidns_init(self.host, str(pid))
+            return [p for p in (init, str(pid)) if p]
+        return [str(pid)]
+
+    def key_for(self, pid: int, who: Reader | None = None) -> tuple[str, str]:
+        """(view key, pid used). The key is the pid's /proc/<pid>/cgroup text: readers in
+        the same cgroups share one view. Raises UnseenReader for a reader the daemon cannot
+        see when the view depends on the reader."""
+        if self.config.cgroup is not None:
+            return PINNED + self.config.cgroup, "self"
+        if self.config.view == "self":
+            return self._self_key()
+        if pid <= 0:
+            raise self._refuse("pid 0: the reader is outside the daemon's pid namespace", pid)
+        if not self._proc_is_ours:
+            raise self._refuse("/proc is not the daemon's pid namespace's", pid)
+        who = who if who is not None else self.reader(pid)
+        with self._lock:
+            hit = self._pid_keys.get(who)
+        if hit is not None:
+            return hit
+        for cand in self._candidates(pid):
+            text = self.host.try_read_small(f"/proc/{cand}/cgroup")
+            # Empty is an answer, not an absence: inside gVisor no cgroup is visible.
+            if text is None:
+                continue
+            if self.start_time(pid) != who[1]:
+                break  # the reader exited and its pid was reused while we looked
+            key = (text, cand)
+            with self._lock:
+                self._pid_keys[who] = key
+            return key
+        raise self._refuse("no /proc/<pid>/cgroup for the reader in the daemon's /proc", pid)
+
+    def _self_key(self) -> tuple[str, str]:
+        text = self.host.try_read_small("/proc/self/cgroup")
+        if text is None:
+            raise PidGone("no readable /proc/self/cgroup for the daemon")
+        return text, "self"
+
+    def _build_view(self, key: str, pid: str) -> _View:
+        # The key is the cgroup membership text itself, so no second read of
+        # /proc/<pid>/cgroup (the pid may be gone by now).
+        if key.startswith(PINNED):
+            memberships = memberships_for_path(self.host, key[len(PINNED):])
+        else:
+            memberships = parse_proc_cgroup(key)
+        born = time.monotonic()
+        snap = snapshot_of(self.host, memberships, pid)
+        lim = effective_limits(snap, self.config.explicit, self.config.cpu_rounding)
+        return _View(snap, lim, born, container_incarnation(self.host, snap, lim.cpu_cgroup),
+                     self._own_threads())
+
+    def _view(self, key: str, pid: str) -> _View:
+        with self._lock:
+            view = self._views.get(key)
+        if view is None:
+            view = self._build_view(key, pid)
+            with self._lock:
+                last = self._last_view.get(key)
+            lost = _lost_hierarchies(last, view)
+            if last is not None and lost:
+                # The cgroup files that gave this view its limits are unreadable now (a bad
+                # mount table, a cgroup being torn down): keep the last good limits, with
+                # fresh times, rather than serve the node's size to the pod.
+                self._count_fallback(f"cgroup data lost ({', '.join(lost)})", key,
+                                     "keeping the view's last good limits")
+                view = _View(last.snap, last.lim, view.born, last.incarnation,
+                             view.own_threads)
+            with self._lock:
+                self._views[key] = view
+                self._last_view[key] = view
+        return view
+
+    def status_json(self) -> bytes:
+        """What `guestfs explain --mount` shows: the fallbacks taken, by cause."""
+        with self._lock:
+            fallbacks = dict(self.fallbacks)
+            refusals = dict(self.refusals)
+        return (json.dumps({"pid": os.getpid(), "view": self.config.view,
+                            "cgroup": self.config.cgroup, "cache_ttl": self.config.cache_ttl,
+                            **self.serving, "fallback_total": self.errors,
+                            "fallbacks": fallbacks, "refusals": refusals},
+                           indent=1) + "\n").encode()
+
+    def _count_fallback(self, cause: str, subject: object, what: str) -> None:
+        with self._lock:
+            self.errors += 1
+            if cause not in self.fallbacks and len(self.fallbacks) >= MAX_CAUSES:
+                cause = "other causes (past the first 256)"   # a cause can name a pid
+            self.fallbacks[cause] += 1
+            first = self.fallbacks[cause] == 1
+        if first:
+            log.warning("%s for %s; %s (logged once per cause)", cause, subject, what)
+
+    def _entry(self, key: str) -> _LastingState:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _LastingState()
+            return entry
+
+    # ------------------------------------------------------------ reads
+
+    def render(self, path: str, pid: int) -> bytes:
+        """The bytes served at ``path`` to ``pid``; never raises for bad cgroup input."""
+        return self.render_until(path, pid)[1]
+
+    def render_until(self, path: str, pid: int,
+                     cgroup: str | None = None) -> tuple[float, bytes]:
+        """(deadline, bytes) served at ``path`` to ``pid``: the view of ``cgroup`` when
+        given (a per-container directory), else the reader's. The deadline (monotonic) is
+        when the bytes stop being fresh: the page-cache path lets the kernel keep them
+        until then. Files rendered per read (UNCACHED, the status) are due at once.
+
+        Freshness: every rendering carries the deadline of the view it was made from (the
+        moment its cgroup files were read + cache_ttl), and every cache layer keeps it, so
+        no number is older than cache_ttl (plus render time) and two readers of one view at
+        the same moment get the same bytes."""
+        if path == STATUS_PATH:
+            return time.monotonic(), self.status_json()
+        if cgroup is not None:
+            return self._render(path, pid, (pid, None), (PINNED + cgroup, "self"))
+        who = self.reader(pid)
+        hit = self._fast.get((who, path))
+        if hit is not None and time.monotonic() < hit[0]:
+            return hit
+        deadline, data = self._render(path, pid, who)
+        if path not in UNCACHED and self.config.cache_ttl > 0:
+            if len(self._fast) > FAST_ENTRIES:
+                self._fast.clear()
+            self._fast[(who, path)] = (deadline, data)
+        return deadline, data
+
+    def _render(self, path: str, pid: int, who: Reader,
+                pinned: tuple[str, str] | None = None) -> tuple[float, bytes]:
+        try:
+            key, used = pinned or self.key_for(pid, who)
+        except UnseenReader:
+            raise  # refused, never served a fallback
+        except Exception as e:  # noqa: BLE001 - a bad cgroup file must not kill the daemon
+            return time.monotonic(), self._degraded(path, pid, None, e)
+        try:
+            if path not in UNCACHED:
+                with self._lock:
+                    hit = self._rendered.get((key, path))
+                if hit is not None and time.monotonic() < hit[0]:
+                    return hit
+            view = self._view(key, used)
+            entry = self._entry(key)
+            with entry.lock:
+                entry.state.follow(view.incarnation)
+                if entry.state.load is None:
+                    # The container's load begins when it is first served (under `run`
+                    # that is its start), not at its first read of /proc/loadavg: a
+                    # monitor that looks after a minute of work must see that minute.
+                    entry.state.load = self._new_load(view)
+                # /proc/stat is rendered per read: its btime follows the reader's time
+                # namespace (guestfs run gives the app the container's boot clock).
+                offset = read_boottime_offset(self.host, pid) if path == "/proc/stat" else 0
+                data = render_file(path, self.host, view.snap, view.lim, entry.state,
+                                   view.own_threads, view.memo, offset).encode()
+            due = time.monotonic() if path in UNCACHED else view.born + self.config.cache_ttl
+            out = (due, data)
+            with self._lock:
+                if path not in UNCACHED:
+                    self._rendered[(key, path)] = out
+                self._last_good[(key, path)] = data
+            return out
+        except Exception as e:  # noqa: BLE001 - a bad cgroup file must not kill the daemon
+            return time.monotonic(), self._degraded(path, pid, key, e)
+
+    def _degraded(self, path: str, pid: int, key: str | None, err: Exception) -> bytes:
+        """The last good rendering of this view, so a pod never gets the node's numbers
+        because of one bad read; the host's file only for a view never rendered."""
+        with self._lock:
+            last = self._last_good.get((key, path)) if key is not None else None
+        what = "the last good rendering" if last is not None else "the host's file"
+        self._count_fallback(f"{path}: {type(err).__name__}: {err}", f"pid {pid}",
+                             f"serving {what}")
+        return last if last is not None else self.host.read_text(path).encode()
+
+    def _own_threads(self) -> frozenset[str]:
+        """The daemon's threads: under `guestfs run` they live in the container's cgroup,
+        and the load sampler itself is running whenever it counts."""
+        if self.host.root not in ("", "/"):
+            return frozenset()
+        try:
+            return frozenset(os.listdir("/proc/self/task"))
+        except OSError:
+            return frozenset()
+
+    def _new_load(self, view: _View) -> LoadAverage:
+        # As the kernel's avenrun: 0 when the container begins, one sample folded in now.
+        load = LoadAverage()
+        tasks = view_tasks(self.host, view.snap, view.lim, view.own_threads, view.memo)
+        if tasks is not None:
+            load.sample(tasks.running + tasks.blocked)
+        return load
+
+    # ------------------------------------------------------------ loadavg sampler
+
+    def sample_loads(self) -> None:
+        with self._lock:
+            items = list(self._entries.items())
+        own = self._own_threads()
+        for key, entry in items:
+            if entry.state.load is None:
+                continue
+            try:
+                view = self._view(key, "self")
+                if view.incarnation != entry.state.incarnation:
+                    continue  # re-created since: the next read starts its load at 0
+                tasks = read_task_counts(self.host, view.snap, view.lim.cpu_cgroup, own)
+            except (OSError, LookupError, ValueError) as e:
+                log.debug("load sample failed: %s", e)
+                continue
+            if tasks is not None:
+                with entry.lock:
+                    entry.state.load.sample(tasks.running + tasks.blocked)
+
+    def start_sampler(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(SAMPLE_SECONDS):
+                self.sample_loads()
+        self._sampler = threading.Thread(target=loop, name="guestfs-loadavg", daemon=True)
+        self._sampler.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._reader_ids.close()

@@ -1,0 +1,189 @@
+"""Which files guestfs serves, and how one guest path is rendered for one reader.
+
+The FUSE layer and `guestfs show` both go through render_file, so what show prints is
+what a mount serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from guestfs.engine.limits import EffectiveLimits
+from guestfs.render.cpu import render_cpu_list, render_cpuinfo
+from guestfs.render.diskstats import render_diskstats
+from guestfs.render.loadavg import LoadAverage, render_loadavg
+from guestfs.render.meminfo import render_meminfo, render_swaps
+from guestfs.render.stat import CpuClock, render_stat, shift_btime
+from guestfs.render.uptime import render_uptime
+from guestfs.sources.host_proc import parse_uptime
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.snapshot import Snapshot
+from guestfs.sources.usage import (
+    read_container_age,
+    read_cpu_usage_now,
+    read_io,
+    read_last_pid,
+    read_pressure,
+    read_task_counts,
+)
+from guestfs.sources.usage_parsers import ContainerAge, CpuUsage, TaskCounts
+
+CPU_LIST_FILES = ("/sys/devices/system/cpu/online", "/sys/devices/system/cpu/possible",
+                  "/sys/devices/system/cpu/present")
+PRESSURE_FILES = ("/proc/pressure/cpu", "/proc/pressure/memory", "/proc/pressure/io")
+SERVED_FILES = ("/proc/meminfo", "/proc/cpuinfo", "/proc/stat", "/proc/uptime",
+                "/proc/loadavg", "/proc/swaps", "/proc/diskstats", *PRESSURE_FILES,
+                *CPU_LIST_FILES)
+
+
+# What `run` and `attach` bind over /proc and /sys by default. The pressure files are
+# served in the mount but not bound: the kernel's /proc/pressure/* accept PSI triggers
+# (write "some 150000 2000000", then poll() for POLLPRI; systemd-oomd and other monitors
+# rely on it), and a FUSE file cannot deliver POLLPRI through fusepy/mfusepy, so binding
+# ours over them would turn every trigger into EROFS. `run --bind-pressure` binds them.
+BOUND_BY_DEFAULT = tuple(f for f in SERVED_FILES if f not in PRESSURE_FILES)
+
+
+@dataclass
+class ViewState:
+    """What persists between reads of one view: its CPU clock (/proc/stat, uptime's idle),
+    when the container began, and the load average the daemon's sampler maintains.
+    `show` starts from a fresh one."""
+
+    clock: CpuClock = field(default_factory=CpuClock)
+    load: LoadAverage | None = None
+    age: ContainerAge | None = None
+    incarnation: object = None     # identity of the container's cgroup (set by the daemon)
+
+    def follow(self, incarnation: object) -> None:
+        """A container re-created at the same cgroup path is a new container: its age and
+        load start again. The CPU clock carries on (it re-bases on the change), so a
+        reader that spans it never sees /proc/stat go backwards."""
+        if incarnation != self.incarnation:
+            self.incarnation = incarnation
+            self.age = None
+            self.load = None
+
+
+def host_uptime(host: HostRoot) -> float:
+    return parse_uptime(host.read_text("/proc/uptime"))
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    host: HostRoot
+    snap: Snapshot
+    lim: EffectiveLimits
+    state: ViewState
+    exclude: frozenset[str] = frozenset()   # threads never counted as the container's
+    # Readings shared by the renders of one view while it is cached (one --cache-ttl).
+    memo: dict[str, object] = field(default_factory=dict)
+    boot_offset: float = 0.0     # the reader's time namespace boottime offset (timens.py)
+
+    def tasks(self) -> TaskCounts | None:
+        return view_tasks(self.host, self.snap, self.lim, self.exclude, self.memo)
+
+
+def view_tasks(host: HostRoot, snap: Snapshot, lim: EffectiveLimits, exclude: frozenset[str],
+               memo: dict[str, object]) -> TaskCounts | None:
+    """The container's thread states, kept in the view's ``memo``. A read of
+    /proc/<tid>/stat per thread of the container: once per view, not per read of /proc/stat
+    or loadavg (a top refreshing every second, a 1,000-thread JVM), nor again for the
+    daemon's first load sample."""
+    if "tasks" not in memo:
+        memo["tasks"] = read_task_counts(host, snap, lim.cpu_cgroup, exclude)
+    return memo["tasks"]  # type: ignore[return-value]
+
+
+def _age_seconds(ctx: RenderContext, up: float) -> float:
+    """The container's age; its start is found once per view, so every reader of the view
+    gets the same age whatever pid built it, and /proc is not walked per read."""
+    if ctx.state.age is None:
+        ctx.state.age = read_container_age(ctx.host, ctx.snap, ctx.lim.cpu_cgroup, up)
+    return ctx.state.age.seconds(up) if ctx.state.age is not None else up
+
+
+def _tick_clock(ctx: RenderContext, up: float | None = None) -> None:
+    # The counter is read again now (the view's snapshot may be a TTL old) and paired
+    # with the host uptime read just before it (``up``, when the caller has it).
+    if up is None:
+        up = host_uptime(ctx.host)
+    usage = read_cpu_usage_now(ctx.host, ctx.snap, ctx.lim.cpu_cgroup)
+    clock = ctx.state.clock
+    if usage is None:
+        # No readable CPU counter (a missing or corrupt cpu.stat): hold busy where it was
+        # and let idle advance, so the file keeps the view's CPU count and its shape.
+        usage = CpuUsage(*clock.busy, "held")
+    clock.advance(usage, ctx.lim.cpu_count.value, up, _age_seconds(ctx, up),
+                  ctx.state.incarnation)
+
+
+def _stat(ctx: RenderContext, text: str) -> str:
+    text = shift_btime(text, ctx.boot_offset)
+    lim = ctx.lim
+    if not lim.cpu_time_limited:
+        return text
+    _tick_clock(ctx)
+    tasks = ctx.tasks()
+    return render_stat(text, lim.cpu_count.value, ctx.state.clock, tasks)
+
+
+def _uptime(ctx: RenderContext, text: str) -> str:
+    if not ctx.lim.any_limited:
+        return text
+    up = parse_uptime(text)
+    age = _age_seconds(ctx, up)
+    _tick_clock(ctx, up)
+    return render_uptime(age, ctx.state.clock.idle_seconds)
+
+
+def _loadavg(ctx: RenderContext, text: str) -> str:
+    if not ctx.lim.any_limited:
+        return text
+    tasks = ctx.tasks()
+    if tasks is None:
+        return text
+    load = ctx.state.load or LoadAverage.single_sample(tasks.running + tasks.blocked)
+    return render_loadavg(text, load, tasks.running, tasks.total,
+                          read_last_pid(ctx.host, ctx.snap, ctx.lim.cpu_cgroup))
+
+
+def _diskstats(ctx: RenderContext, text: str) -> str:
+    if not ctx.lim.any_limited:
+        return text
+    return render_diskstats(text, read_io(ctx.snap))
+
+
+def _pressure(resource: str) -> Callable[[RenderContext, str], str]:
+    def render(ctx: RenderContext, text: str) -> str:
+        cgroup = {"cpu": ctx.lim.cpu_cgroup, "memory": ctx.lim.memory_cgroup}.get(resource)
+        return read_pressure(ctx.snap, resource, cgroup) or text
+    return render
+
+
+RENDERERS: dict[str, Callable[[RenderContext, str], str]] = {
+    "/proc/meminfo": lambda ctx, text: render_meminfo(text, ctx.lim),
+    "/proc/swaps": lambda ctx, text: render_swaps(text, ctx.lim),
+    "/proc/cpuinfo": lambda ctx, text: render_cpuinfo(text, ctx.lim),
+    "/proc/stat": _stat,
+    "/proc/uptime": _uptime,
+    "/proc/loadavg": _loadavg,
+    "/proc/diskstats": _diskstats,
+    **{p: _pressure(p.rsplit("/", 1)[1]) for p in PRESSURE_FILES},
+    **{p: (lambda ctx, text: render_cpu_list(text, ctx.lim)) for p in CPU_LIST_FILES},
+}
+assert set(RENDERERS) == set(SERVED_FILES)
+
+
+def render_file(path: str, host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
+                state: ViewState | None = None, exclude: frozenset[str] = frozenset(),
+                memo: dict[str, object] | None = None, boot_offset: float = 0.0) -> str:
+    """The text guestfs serves at guest ``path``; the host file is read under ``host``."""
+    renderer = RENDERERS.get(path)
+    if renderer is None:
+        raise KeyError(f"not a served file: {path}")
+    text = host.read_text(path)
+    ctx = RenderContext(host, snap, lim, state or ViewState(), exclude,
+                        memo if memo is not None else {}, boot_offset)
+    return renderer(ctx, text)

@@ -1,0 +1,188 @@
+"""Read everything the limits engine needs for one pid into a frozen snapshot.
+
+This is where the engine's cgroup files are read (the counters that change between reads,
+CPU time and the container's tasks, are read again per read by usage.py). The engine
+(engine/limits.py) is a pure function of what is collected here, so fixtures and the real
+machine go through the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from guestfs.sources.cgroup_path import leaves_namespace, level_paths, pick_mount
+from guestfs.sources.host_proc import HostInfo, read_host_info
+from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.mountinfo import CgroupMount, read_cgroup_mounts
+from guestfs.sources.proc_cgroup import CgroupMembership, read_proc_cgroup
+
+# Files read at every level, per controller and cgroup version.
+CONTROLLER_FILES: dict[tuple[str, int], tuple[str, ...]] = {
+    ("memory", 2): ("memory.max", "memory.current", "memory.stat",
+                    "memory.swap.max", "memory.swap.current", "memory.pressure"),
+    ("memory", 1): ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat",
+                    "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes"),
+    ("cpu", 2): ("cpu.max", "cpu.pressure"),
+    ("cpu", 1): ("cpu.cfs_quota_us", "cpu.cfs_period_us"),
+    ("cpuset", 2): ("cpuset.cpus.effective",),
+    ("cpuset", 1): ("cpuset.effective_cpus", "cpuset.cpus"),
+    # Usage, for /proc/stat, uptime and diskstats. On v2 cpu.stat is a core file that
+    # exists whether or not the cpu controller is enabled; io.stat needs the io controller.
+    ("cpuacct", 2): ("cpu.stat",),
+    ("cpuacct", 1): ("cpuacct.usage_all", "cpuacct.stat", "cpuacct.usage_percpu"),
+    ("blkio", 2): ("io.stat", "io.pressure"),
+    ("blkio", 1): ("blkio.throttle.io_service_bytes_recursive",
+                   "blkio.throttle.io_serviced_recursive"),
+}
+# The limits; then the usage hierarchies, named by their v1 controller.
+LIMIT_CONTROLLERS = ("memory", "cpu", "cpuset")
+CONTROLLERS = (*LIMIT_CONTROLLERS, "cpuacct", "blkio")
+# What cgroup.controllers must list on v2 for a v1 name (None: core files, always there).
+_V2_CONTROLLER = {"cpuacct": None, "blkio": "io"}
+
+
+@dataclass(frozen=True)
+class Level:
+    cgroup: str                          # cgroup path, e.g. /kubepods.slice/pod.slice
+    directory: str                       # host directory of its interface files
+    files: Mapping[str, str | None]      # file name -> text; None when missing/unreadable
+
+    def file_path(self, name: str) -> str:
+        return f"{self.directory.rstrip('/')}/{name}"
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """One controller's view of a pid: its cgroup and the visible ancestors, leaf first."""
+
+    controller: str
+    version: int                         # 1 or 2; 0 when no hierarchy carries the controller
+    mount: CgroupMount | None
+    cgroup_path: str | None              # as /proc/<pid>/cgroup prints it
+    levels: tuple[Level, ...] = ()       # empty when the cgroup is not visible
+    problem: str | None = None           # why there are no levels
+
+    @property
+    def leaf(self) -> Level | None:
+        return self.levels[0] if self.levels else None
+
+    def level_named(self, cgroup: str | None) -> Level | None:
+        """The visible level whose cgroup path is ``cgroup``, or None."""
+        return next((lv for lv in self.levels if lv.cgroup == cgroup), None) \
+            if cgroup is not None else None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    pid: str
+    host: HostInfo
+    hierarchies: Mapping[str, Hierarchy]
+    warnings: tuple[str, ...] = field(default=())
+
+
+def _membership_for(memberships: list[CgroupMembership], controller: str,
+                    version: int) -> CgroupMembership | None:
+    for m in memberships:
+        if version == 2 and m.is_v2:
+            return m
+        if version == 1 and controller in m.controllers:
+            return m
+    return None
+
+
+def _v2_has_controller(host: HostRoot, mount: CgroupMount, controller: str) -> bool:
+    required = _V2_CONTROLLER.get(controller, controller)
+    if required is None:
+        return True
+    text = host.try_read_text(f"{mount.mount_point.rstrip('/')}/cgroup.controllers")
+    # A fixture or a kernel without the file: assume present and let missing files say no.
+    return text is None or required in text.split()
+
+
+def _choose_hierarchy(host: HostRoot, mounts: list[CgroupMount],
+                      memberships: list[CgroupMembership], controller: str
+                      ) -> tuple[int, list[CgroupMount], CgroupMembership | None, str | None]:
+    # v1 wins when a v1 hierarchy carries the controller: on hybrid hosts (this machine,
+    # Ubuntu 20.04, older Kubernetes nodes) the cgroup2 mount has no controllers at all.
+    v1 = [m for m in mounts if m.version == 1 and controller in m.controllers]
+    if v1:
+        member = _membership_for(memberships, controller, 1)
+        if member is None:
+            return 1, v1, None, f"no '{controller}' line in /proc/<pid>/cgroup"
+        return 1, v1, member, None
+    v2 = [m for m in mounts if m.version == 2]
+    if v2:
+        member = _membership_for(memberships, controller, 2)
+        if member is None:
+            return 2, v2, None, "no '0::' line in /proc/<pid>/cgroup"
+        usable = [m for m in v2 if _v2_has_controller(host, m, controller)]
+        if not usable:
+            return 2, v2, member, f"cgroup2 does not offer the {controller} controller here"
+        return 2, usable, member, None
+    return 0, [], None, f"no cgroup hierarchy carries the {controller} controller"
+
+
+def read_hierarchy(host: HostRoot, mounts: list[CgroupMount],
+                   memberships: list[CgroupMembership], controller: str) -> Hierarchy:
+    version, candidates, member, problem = _choose_hierarchy(host, mounts, memberships,
+                                                             controller)
+    if member is None or problem is not None:
+        return Hierarchy(controller, version, candidates[0] if candidates else None,
+                         member.path if member else None, problem=problem)
+    path = member.path
+    if leaves_namespace(path):
+        return Hierarchy(controller, version, candidates[0], path,
+                         problem=f"cgroup {path} is outside this cgroup namespace; "
+                                 "its files are not visible")
+    mount = pick_mount(candidates, path)
+    if mount is None:
+        roots = ", ".join(sorted({m.root for m in candidates}))
+        return Hierarchy(controller, version, candidates[0], path,
+                         problem=f"cgroup {path} is not below the mount root ({roots})")
+    paths = level_paths(mount, path)
+    assert paths is not None  # pick_mount only returns mounts that contain the path
+    if not host.isdir(paths[0].directory):
+        return Hierarchy(controller, version, mount, path,
+                         problem=f"cgroup directory {paths[0].directory} does not exist "
+                                 "(the cgroup vanished?)")
+    names = CONTROLLER_FILES[(controller, version)]
+    levels = tuple(
+        Level(p.cgroup, p.directory, MappingProxyType(
+            {n: host.try_read_text(f"{p.directory.rstrip('/')}/{n}") for n in names}))
+        for p in paths
+    )
+    return Hierarchy(controller, version, mount, path, levels)
+
+
+def read_snapshot(host: HostRoot, pid: int | str = "self") -> Snapshot:
+    """Everything about ``pid`` the engine needs. Raises PidGone for a pid that is not there."""
+    return snapshot_of(host, read_proc_cgroup(host, pid), pid)
+
+
+def memberships_for_path(host: HostRoot, path: str) -> list[CgroupMembership]:
+    """Membership lines as if a process sat in cgroup ``path`` of every hierarchy
+    (``guestfs mount --cgroup PATH`` pins the view to one cgroup)."""
+    out = [CgroupMembership(0, frozenset(), path)]
+    for i, m in enumerate(read_cgroup_mounts(host, "self"), start=1):
+        if m.version == 1:
+            out.append(CgroupMembership(i, m.controllers, path))
+    return out
+
+
+def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
+                pid: int | str = "self") -> Snapshot:
+    host_info = read_host_info(host)
+    warnings: list[str] = []
+    try:
+        # Our own mount table: the cgroup paths in /proc/<pid>/cgroup are relative to
+        # *our* cgroup namespace, and we read the files through *our* mounts.
+        mounts = read_cgroup_mounts(host, "self")
+    except OSError as e:
+        mounts = []
+        warnings.append(f"cannot read /proc/self/mountinfo: {e}")
+    hierarchies = {c: read_hierarchy(host, mounts, memberships, c) for c in CONTROLLERS}
+    return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings))
+
+
