@@ -152,9 +152,9 @@ def read_all(mp: str, n: int, order: str) -> None:
 
 
 def daemon_rss(args: list[str], reads: int, order: str, env: dict[str, str]) -> list[str]:
-    sys.path.insert(0, str(REPO))
-    from guestfs.daemon.mountpoint import is_guestfs_mount
-    from tests.fusemount import force_unmount, wait_for
+    from benchsupport import force_unmount
+
+    from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
 
     base = tempfile.mkdtemp(prefix="guestfs-rss-")
     mp = os.path.join(base, "mnt")
@@ -162,7 +162,7 @@ def daemon_rss(args: list[str], reads: int, order: str, env: dict[str, str]) -> 
     proc = subprocess.Popen([sys.executable, "-I", str(BOOT), "mount", mp, *args],
                             stderr=subprocess.DEVNULL, cwd="/", env={**os.environ, **env})
     try:
-        if not wait_for(lambda: is_guestfs_mount(mp) or proc.poll() is not None, 30):
+        if not wait_until(lambda: is_guestfs_mount(mp) or proc.poll() is not None, 30):
             raise SystemExit(f"guestfs mount {mp} did not come up")
         time.sleep(1.0)  # the probe thread and the sampler's first round
         rows = [f"  serving:                {fmt(status(proc.pid))}"]

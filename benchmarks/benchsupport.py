@@ -1,8 +1,9 @@
 """What the benchmarks start and always remove: a v1 cgroup, LXCFS and guestfs mounts.
 
-Stand-alone (standard library and psutil only, no pytest, nothing from tests/), so a
-benchmark runs as ``.venv/bin/python benchmarks/bench_read.py`` from any directory: this
-file is found next to the script, and guestfs is the venv's installed package. The
+No pytest and nothing from tests/ (the standard library, psutil and guestfs's own
+mountinfo, cgroup and process helpers), so a benchmark runs as ``.venv/bin/python
+benchmarks/bench_read.py`` from any directory: this file is found next to the script, and
+guestfs is the venv's installed package. The
 daemons are started with cwd ``/`` so that ``python -m guestfs`` never imports from the
 caller's current directory.
 """
@@ -17,8 +18,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from guestfs.commands.run import stop_process
+from guestfs.daemon.mountpoint import wait_until
+from guestfs.sources.mountinfo import MountEntry, parse_mount_entries
+from guestfs.sources.proc_cgroup import parse_proc_cgroup
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -27,53 +33,24 @@ class BenchError(RuntimeError):
     """The benchmark cannot run here (no root, no v1 cgroup, no lxcfs, a daemon failed)."""
 
 
-def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def _unescape(s: str) -> str:  # mountinfo octal escapes (\040 for a space)
-    return s.encode().decode("unicode_escape") if "\\" in s else s
-
-
-def _mountinfo() -> list[tuple[str, str, str, str]]:
-    """(root, mount point, fstype, super options) of every mount in our mount table."""
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            pre, _, post = line.partition(" - ")
-            a, b = pre.split(), post.split()
-            out.append((_unescape(a[3]), _unescape(a[4]), b[0], b[2] if len(b) > 2 else ""))
-    return out
+def _mounts() -> list[MountEntry]:
+    """Every mount in our mount table (guestfs's own mountinfo parser)."""
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        return parse_mount_entries(f.read())
 
 
 def fuse_mounted(mp: str) -> bool:
     """A FUSE mount at ``mp``, from the mount table only (never touches the mount, which
     would hang on a stopped daemon)."""
     mp = os.path.realpath(mp)
-    return any(m[1] == mp and m[2].startswith("fuse") for m in _mountinfo())
+    return any(m.mount_point == mp and m.fstype.startswith("fuse") for m in _mounts())
 
 
 def force_unmount(mp: str) -> None:
     for _ in range(3):
-        if not any(m[1] == os.path.realpath(mp) for m in _mountinfo()):
+        if not any(m.mount_point == os.path.realpath(mp) for m in _mounts()):
             return
         subprocess.run(["umount", "-l", mp], stderr=subprocess.DEVNULL, check=False)
-
-
-def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM (both daemons unmount on it), then SIGKILL."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def require_fuse() -> None:
@@ -103,7 +80,7 @@ def guestfs_mounted(mp: str, args: list[str], log: str, optional: bool = False
         proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *args],
                                 stdout=subprocess.DEVNULL, stderr=err, cwd="/")
     try:
-        up = wait_for(lambda: fuse_mounted(mp) or proc.poll() is not None)
+        up = wait_until(lambda: fuse_mounted(mp) or proc.poll() is not None, 30.0)
         if proc.poll() is not None or not up:
             why = (f"`guestfs mount {' '.join(args)}` "
                    + (f"exited with {proc.returncode}" if proc.poll() is not None
@@ -114,7 +91,7 @@ def guestfs_mounted(mp: str, args: list[str], log: str, optional: bool = False
         else:
             yield proc
     finally:
-        stop(proc)
+        stop_process(proc)
         force_unmount(mp)
 
 
@@ -129,14 +106,14 @@ def lxcfs_mounted(mp: str, pidfile: str) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([binary, "-f", "-l", "--enable-cfs", "-p", pidfile, mp],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
     try:
-        if not wait_for(lambda: (fuse_mounted(mp) and os.path.exists(f"{mp}/proc/meminfo"))
-                        or proc.poll() is not None):
+        if not wait_until(lambda: (fuse_mounted(mp) and os.path.exists(f"{mp}/proc/meminfo"))
+                          or proc.poll() is not None, 30.0):
             raise BenchError("lxcfs did not come up")
         if proc.poll() is not None:
             raise BenchError(f"lxcfs exited with {proc.returncode}")
         yield proc
     finally:
-        stop(proc)
+        stop_process(proc)
         force_unmount(mp)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(pidfile)
@@ -178,19 +155,17 @@ def _write(path: str, text: str) -> None:
 
 def _v1_mount(controller: str) -> tuple[str, str] | None:
     """(mount root, mount point) of the v1 hierarchy holding ``controller``."""
-    for root, mp, fstype, opts in _mountinfo():
-        if fstype == "cgroup" and controller in opts.split(","):
-            return root, mp
+    for m in _mounts():
+        if m.fstype == "cgroup" and controller in m.superopts.split(","):
+            return m.root, m.mount_point
     return None
 
 
 def _own_path(controller: str) -> str | None:
     with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, ctrls, path = line.rstrip("\n").split(":", 2)
-            if controller in ctrls.split(","):
-                return path
-    return None
+        member = next((m for m in parse_proc_cgroup(f.read()) if controller in m.controllers),
+                      None)
+    return member.path if member is not None else None
 
 
 def _dir_of(controller: str, path: str) -> str:
