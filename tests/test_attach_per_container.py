@@ -12,9 +12,8 @@ import tempfile
 import pytest
 
 from guestfs.commands import attach as attach_mod
-from guestfs.sources.containerdirs import key_of_cgroup_text
+from guestfs.sources.containerdirs import dir_key, key_of_cgroup_text
 from tests.fusemount import mounted, wait_for
-from tests.percontainer import per_container_mount
 from tests.realcg import process_in, v1_cgroup
 from tests.test_attach import free_total
 
@@ -40,9 +39,8 @@ def test_attach_binds_the_targets_own_directory():
                             != os.readlink("/proc/self/ns/mnt"), 5)
             with open(f"/proc/{app.pid}/cgroup") as f:
                 key = key_of_cgroup_text(f.read())
-            with per_container_mount(mp) as pcm:
-                assert pcm.add(app_cg.paths["memory"]) == key
-                pcm.add(other.paths["memory"])  # a neighbour's directory, never ours
+            with mounted(mp, "--per-container"):
+                assert dir_key(app_cg.paths["memory"]) == key
                 assert not os.path.exists(os.path.join(mp, "proc"))
                 assert free_total(app.pid) not in ("256", "384")
                 # Told it is shared, attach finds no MP/proc: it says so, binds nothing.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.percontainer import per_container_mount
+from tests.fusemount import mounted
 from tests.test_image import RUN, libpod_dirs
 
 pytestmark = pytest.mark.real
@@ -92,7 +92,7 @@ def test_hook_binds_the_containers_own_files(image, cgroupns):
     os.chmod(top, 0o755)
     mp = os.path.join(top, "mnt")
     try:
-        with per_container_mount(mp, "--allow-other"):
+        with mounted(mp, "--per-container", "--allow-other"):
             hooks = hooks_dir(top, mp)
             out = subprocess.run(
                 ["podman", "--hooks-dir", hooks, "run", "--rm", *RUN[3:], "--memory", "512m",
