@@ -23,12 +23,6 @@ SVG = "{http://www.w3.org/2000/svg}"
 FILES, READERS = ("meminfo", "stat"), (1, 2, 4)
 
 
-def has_per_container() -> bool:
-    out = subprocess.run([sys.executable, "-m", "guestfs", "mount", "--help"],
-                         capture_output=True, text=True, cwd="/", check=True)
-    return "--per-container" in out.stdout
-
-
 def test_bench_read_smoke(tmp_path: Path) -> None:
     require_fuse()
     require_v1_root()
@@ -40,11 +34,7 @@ def test_bench_read_smoke(tmp_path: Path) -> None:
     r = json.loads((tmp_path / "r.json").read_text())
 
     modes = ["kernel", "lxcfs", "guestfs", "fixed", "percontainer"]
-    if has_per_container():
-        assert "percontainer" not in r["skipped"], r["skipped"]
-    else:  # the only row that may be missing, and only with the reason
-        assert "--per-container" in r["skipped"]["percontainer"]
-        modes.remove("percontainer")
+    assert "percontainer" not in r["skipped"], r["skipped"]
     assert r["modes"] == modes
     assert r["files"] == list(FILES) and r["readers"] == list(READERS)
     for f in FILES:
