@@ -58,8 +58,10 @@ PID_REUSE = START_DAEMON + """
 
     def reader_with_target_pid(procs_files):
         # Forked with pid TARGET (forced through ns_last_pid); it joins the cgroup, then
-        # reads meminfo through the mount. A daemon thread may take TARGET first: retry.
-        for _ in range(50):
+        # reads meminfo through the mount. A daemon thread or the daemon's short-lived
+        # probe child may hold TARGET for a moment: retry, over seconds rather than a burst
+        # of forks that all land while it lives.
+        for _ in range(100):
             with open("/proc/sys/kernel/ns_last_pid", "w") as f:
                 f.write(str(TARGET - 1))
             pid = os.fork()
@@ -74,6 +76,7 @@ PID_REUSE = START_DAEMON + """
                 os._exit(0)
             if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0:
                 return
+            time.sleep(0.05)
         sys.exit("pid %d could not be had" % TARGET)
 
     reader_with_target_pid(os.environ["CG_A"].split())
