@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from guestfs import DEFAULT_HOOK_SOURCE, DEFAULT_MOUNTPOINT, __version__
 from guestfs.commands.explain import json_text, to_json, to_text
 from guestfs.commands.options import (
+    AFFINITY_MODES,
     CliError,
     OneLineParser,
     add_limit_options,
@@ -127,7 +128,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     try:
         return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure,
-                   keep_caps=args.keep_caps, host_clock=args.host_clock)
+                   keep_caps=args.keep_caps, host_clock=args.host_clock,
+                   sysinfo=args.sysinfo, affinity=args.cpu_affinity)
     except (RunError, OSError) as e:
         raise CliError(str(e)) from e
 
@@ -224,6 +226,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the host's boot clock for CMD (by default CMD gets a time "
                         "namespace whose CLOCK_BOOTTIME is the container's age, so ps's "
                         "ELAPSED agrees with the served uptime)")
+    p.add_argument("--no-sysinfo", dest="sysinfo", action="store_false",
+                   help="let the kernel answer CMD's sysinfo(2) (by default it is answered "
+                        "from the served files through seccomp user notification, so getconf "
+                        "_PHYS_PAGES and getloadavg() agree with free and uptime)")
+    p.add_argument("--cpu-affinity", choices=AFFINITY_MODES, default="view",
+                   help="sched_getaffinity(0) under a CPU quota: 'view' (default) answers the "
+                        "visible CPUs, and setting that mask back changes nothing; 'pin' "
+                        "answers the same, but setting it pins CMD to those CPUs; 'host' "
+                        "leaves affinity to the kernel (nproc counts every allowed CPU)")
     add_run_privilege_options(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     # The app and the daemon run lives in share one cgroup: a fixed view, served from the

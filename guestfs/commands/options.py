@@ -34,6 +34,9 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, one_line(f"{self.prog}: {message} (see {self.prog} --help)") + "\n")
 
+# sched_getaffinity answers under `guestfs run` (commands/syscall_view.py says why).
+AFFINITY_MODES = ("view", "pin", "host")
+
 
 def seconds(minimum: float, strict: bool) -> Callable[[str], float]:
     """An argparse type: a finite number of seconds, at least (``strict``: above)

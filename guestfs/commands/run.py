@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,10 +17,20 @@ import threading
 from guestfs.commands import supervise
 from guestfs.commands.apppriv import AppSetup, prepare_app
 from guestfs.commands.oomadj import shield_wrapper
+from guestfs.commands.syscall_view import (
+    ServedView,
+    SyscallSupervisor,
+    hand_over_listener,
+    interception_for,
+    supervise_listener,
+    take_listener,
+    texts_under,
+)
 from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
 from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
 from guestfs.sources.hostroot import pread_all
 from guestfs.system import sysmount
+from guestfs.system.seccomp_filter import Interception
 from guestfs.system.selfexec import guestfs_argv
 
 log = logging.getLogger("guestfs.run")
@@ -159,11 +170,14 @@ class Materialized:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup) -> None:
+def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
+           seccomp: tuple[socket.socket, Interception] | None) -> None:
     try:
         sysmount.unshare_mount_namespace()
         for src, dst in binds:
             sysmount.bind(src, dst)
+        if seccomp is not None:
+            hand_over_listener(*seccomp)   # before prepare_app drops CAP_SYS_ADMIN
         prepare_app(app)
     except OSError as e:
         print(f"guestfs run: {e}", file=sys.stderr)
@@ -175,15 +189,27 @@ def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup) -> None:
         os._exit(127)
 
 
+def _start_syscall_view(sock: socket.socket, mp: str, what: Interception
+                        ) -> SyscallSupervisor | None:
+    listener = take_listener(sock)
+    if listener is None:
+        return None
+    view = ServedView(texts_under(mp))
+    view.current()          # a first read before the app's first call
+    return supervise_listener(listener, view, what)
+
+
 def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
-        keep_caps: bool = False, host_clock: bool = False) -> int:
+        keep_caps: bool = False, host_clock: bool = False, sysinfo: bool = True,
+        affinity: str = "view") -> int:
     mp = os.path.abspath(mp)
     # Before the daemon: it inherits the shield.
     app = AppSetup(keep_caps, shield_wrapper(), None if host_clock else mp + "/proc/uptime")
     # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
     mount_args = [*mount_args, "--exit-when-unused"]
     users = supervise.join_users(mp)
-    daemon = supervisor = materialized = None
+    daemon = supervisor = materialized = syscalls = None
+    what = interception_for(sysinfo, affinity)
     try:
         if not is_guestfs_mount(mp):
             daemon = supervise.start_or_reuse(mp, lambda: start_daemon(mp, mount_args))
@@ -196,9 +222,15 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
                         "client): binding regular copies refreshed every second", mp)
             materialized = Materialized(binds)
             binds = materialized.binds
+        pair = socket.socketpair() if what.any else None
         pid = os.fork()
         if pid == 0:
-            _child(binds, cmd, app)
+            if pair is not None:
+                pair[0].close()
+            _child(binds, cmd, app, None if pair is None else (pair[1], what))
+        if pair is not None:
+            pair[1].close()
+            syscalls = _start_syscall_view(pair[0], mp, what)
         # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
         supervisor = supervise.Supervisor(mp, lambda: start_daemon(mp, mount_args), pid,
                                           None if materialized else binds, daemon)
@@ -211,6 +243,8 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         rc = os.waitstatus_to_exitcode(status)
         return 128 - rc if rc < 0 else rc
     finally:
+        if syscalls is not None:
+            syscalls.stop()
         if supervisor is not None:
             supervisor.stop()
             daemon = supervisor.daemon  # the one it restarted, if it did

@@ -1,0 +1,287 @@
+"""sysinfo(2) and sched_{get,set}affinity(2) answered from the served files, for the
+process trees `guestfs run` starts and the containers `guestfs seccomp-agent` is handed.
+
+The answers come from the same files the app reads (/proc/meminfo, /proc/loadavg,
+/proc/uptime, /sys/devices/system/cpu/online), read through the mount, so `free`,
+`uptime`, nproc and getconf can never disagree with one another.
+
+Affinity under a CPU quota (docs/files.md, "System calls"): sched_getaffinity(0) answers
+the first N CPUs of the caller's real mask, N being the visible CPU count. What an app
+then does with that mask decides the default:
+- ``view`` (default): sched_setaffinity(0, <the mask it was told>) succeeds without
+  changing anything. The save-and-restore pattern (OpenMP runtimes, taskset-like
+  wrappers, libraries that set the mask they read) would otherwise pin every quota-limited
+  container on a node to the same first CPUs, all competing for CPU 0..N-1 while the rest
+  idle; the quota already bounds the CPU time. Any other mask is applied for real.
+- ``pin``: setaffinity is not intercepted, so setting the told mask pins for real.
+- ``host``: affinity is not intercepted: nproc counts the allowed CPUs, as without guestfs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from guestfs.render.sysinfo import (
+    SysinfoView,
+    ViewTextError,
+    cpu_count_of,
+    first_cpus,
+    pack_sysinfo,
+    parse_view,
+    same_cpus,
+)
+from guestfs.sources.hostroot import pread_all
+from guestfs.system.seccomp_filter import (
+    Arch,
+    Interception,
+    SeccompUnavailable,
+    install_listener,
+    this_arch,
+)
+from guestfs.system.seccomp_notify import (
+    CONTINUE,
+    Answer,
+    CallerMemory,
+    Handler,
+    Notification,
+    NotificationLoop,
+    continue_all,
+)
+
+log = logging.getLogger("guestfs.seccomp")
+
+VIEW_FILES = ("/proc/meminfo", "/proc/loadavg", "/proc/uptime",
+              "/sys/devices/system/cpu/online")
+REFRESH_AFTER = 0.25      # seconds a read view is answered from without re-reading
+REFRESH_WAIT = 0.2        # longest a call waits for a re-read (a stopped daemon hangs it)
+_MAX_MASK = 8192          # bytes; the kernel copies at most cpumask_size() (<= 1 KiB)
+
+
+def interception_for(sysinfo: bool, affinity: str) -> Interception:
+    return Interception(sysinfo=sysinfo, getaffinity=affinity != "host",
+                        setaffinity=affinity == "view")
+
+
+@dataclass(frozen=True)
+class _Read:
+    sysinfo: SysinfoView
+    cpus: int
+    at: float           # time.monotonic() of the read
+
+
+class ServedView:
+    """The served files, re-read at most every REFRESH_AFTER seconds. A read that takes
+    longer than REFRESH_WAIT (a stopped daemon) finishes in the background while calls
+    are answered from the last good read; with no good read at all the kernel answers."""
+
+    def __init__(self, read_texts: Callable[[], dict[str, str]]) -> None:
+        self._read_texts = read_texts
+        self._last: _Read | None = None
+        self._lock = threading.Lock()
+        self._reading: threading.Thread | None = None
+
+    def _refresh(self) -> None:
+        try:
+            t = self._read_texts()
+            read = _Read(parse_view(t["/proc/meminfo"], t["/proc/loadavg"],
+                                    t["/proc/uptime"]),
+                         cpu_count_of(t["/sys/devices/system/cpu/online"]), time.monotonic())
+        except (OSError, KeyError, ViewTextError) as e:
+            log.warning("reading the served view for sysinfo: %s", e)
+            return
+        self._last = read
+
+    def current(self) -> _Read | None:
+        last = self._last
+        if last is not None and time.monotonic() - last.at < REFRESH_AFTER:
+            return last
+        with self._lock:
+            if self._reading is None or not self._reading.is_alive():
+                self._reading = threading.Thread(target=self._refresh, daemon=True,
+                                                 name="guestfs-sysinfo-read")
+                self._reading.start()
+            reading = self._reading
+        reading.join(REFRESH_WAIT)
+        return self._last
+
+
+def texts_under(mp: str) -> Callable[[], dict[str, str]]:
+    """The view's files as served at mountpoint ``mp`` (read with pread, which every FUSE
+    client forwards)."""
+    def read() -> dict[str, str]:
+        out = {}
+        for path in VIEW_FILES:
+            fd = os.open(mp + path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                out[path] = pread_all(fd).decode("ascii", "replace")
+            finally:
+                os.close(fd)
+        return out
+    return read
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _real_affinity(arch: Arch, tid: int, length: int) -> bytes | None:
+    """The kernel's own answer for ``tid`` with buffer ``length``: the bytes it would copy
+    out, or None where it would fail (then it answers itself, with its errno)."""
+    buf = ctypes.create_string_buffer(min(length, _MAX_MASK))
+    n = _libc.syscall(ctypes.c_long(arch.sched_getaffinity), ctypes.c_long(tid),
+                      ctypes.c_long(len(buf)), buf)
+    return None if n < 0 else buf.raw[:n]
+
+
+def _mask_args(note: Notification) -> tuple[int, int]:
+    return note.args[1] & 0xFFFFFFFF, note.args[2]     # unsigned int len, mask pointer
+
+
+def make_handlers(arch: Arch, view: ServedView, what: Interception) -> dict[int, Handler]:
+    def sysinfo(note: Notification, mem: CallerMemory) -> Answer:
+        read = view.current()
+        if read is None:
+            return CONTINUE
+        data = pack_sysinfo(read.sysinfo, time.monotonic() - read.at)
+        # Not writable: the kernel's copy_to_user gives the EFAULT it would have.
+        return Answer(0) if mem.write(note.args[0], data) else CONTINUE
+
+    def told_mask(note: Notification, length: int) -> tuple[bytes, bytes] | None:
+        read = view.current()
+        real = _real_affinity(arch, note.pid, length)
+        if read is None or real is None:
+            return None
+        return real, first_cpus(real, read.cpus)
+
+    def getaffinity(note: Notification, mem: CallerMemory) -> Answer:
+        length, addr = _mask_args(note)
+        masks = told_mask(note, length)
+        if masks is None or masks[0] == masks[1]:
+            return CONTINUE                # an error to give, or nothing to hide
+        told = masks[1]
+        return Answer(len(told)) if mem.write(addr, told) else CONTINUE
+
+    def setaffinity(note: Notification, mem: CallerMemory) -> Answer:
+        length, addr = _mask_args(note)
+        if not 0 < length <= _MAX_MASK:
+            return CONTINUE
+        masks = told_mask(note, _MAX_MASK)
+        if masks is None or masks[0] == masks[1]:
+            return CONTINUE
+        try:
+            wanted = mem.read(addr, length)
+        except OSError:
+            return CONTINUE                # the kernel's EFAULT
+        # Setting back the mask it was told keeps the real, wider one (module docstring).
+        return Answer(0) if same_cpus(wanted, masks[1]) else CONTINUE
+
+    handlers: dict[int, Handler] = {}
+    if what.sysinfo:
+        handlers[arch.sysinfo] = sysinfo
+    if what.getaffinity:
+        handlers[arch.sched_getaffinity] = getaffinity
+    if what.setaffinity:
+        handlers[arch.sched_setaffinity] = setaffinity
+    return handlers
+
+
+# --------------------------------------------------------------- handing over the listener
+
+def hand_over_listener(sock: socket.socket, what: Interception) -> None:
+    """In the app's child, while it still holds CAP_SYS_ADMIN: install the filter and send
+    the listener to the supervisor, or the reason there is none."""
+    try:
+        fd = install_listener(what)
+    except SeccompUnavailable as e:
+        sock.sendall(f"no:{e.strerror}".encode())
+        return
+    try:
+        socket.send_fds(sock, [b"ok"], [fd])
+    finally:
+        os.close(fd)
+        sock.close()
+
+
+def take_listener(sock: socket.socket, timeout: float = 10.0) -> int | None:
+    """In the supervisor: the listener the child sent, or None (with the reason logged)."""
+    try:
+        if not select.select([sock], [], [], timeout)[0]:
+            log.warning("the app's seccomp listener did not arrive in %gs", timeout)
+            return None
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 256, 1)
+    except OSError as e:
+        log.warning("receiving the app's seccomp listener: %s", e)
+        return None
+    finally:
+        sock.close()
+    if not fds:
+        if msg.startswith(b"no:"):
+            log.warning("sysinfo and the CPU count are not answered for the app: %s",
+                        msg[3:].decode(errors="replace"))
+        return None
+    os.set_inheritable(fds[0], False)
+    return fds[0]
+
+
+# -------------------------------------------------------------------------- the guard
+
+def start_guard(listener: int) -> int:
+    """A small forked process holding a copy of the listener: once the supervisor is gone
+    (the returned pipe end closes, even on kill -9) it passes every notified call to the
+    kernel, until no filtered process is left. Without it those calls would fail with
+    ENOSYS. Returns the pipe end the supervisor keeps open while it serves."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the forked guard
+        try:
+            os.setsid()           # not in the terminal's process group: Ctrl-C is the app's
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_IGN)
+            keep = sorted({r, listener})
+            # No other inherited fd: a held mount-users lock would keep the daemon alive.
+            os.closerange(3, keep[0])
+            os.closerange(keep[0] + 1, keep[1])
+            os.closerange(keep[1] + 1, 1 << 16)
+            while os.read(r, 1):
+                pass
+            continue_all(listener)
+        finally:
+            os._exit(0)
+    os.close(r)
+    return w
+
+
+class SyscallSupervisor:
+    """The notification loop (a thread of the `guestfs run` process, never the FUSE
+    daemon) and its guard."""
+
+    def __init__(self, listener: int, handlers: dict[int, Handler]) -> None:
+        self.listener = listener
+        self._guard_pipe = start_guard(listener)
+        self.loop = NotificationLoop(listener, handlers).start()
+
+    def stop(self) -> None:
+        self.loop.stop()
+        with contextlib.suppress(OSError):
+            os.close(self._guard_pipe)     # the guard takes over any orphaned descendant
+        with contextlib.suppress(OSError):
+            os.close(self.listener)
+
+
+def supervise_listener(listener: int, view: ServedView, what: Interception
+                       ) -> SyscallSupervisor | None:
+    arch = this_arch()
+    if arch is None:
+        os.close(listener)
+        return None
+    return SyscallSupervisor(listener, make_handlers(arch, view, what))
