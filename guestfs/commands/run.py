@@ -228,6 +228,9 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
             if pair is not None:
                 pair[0].close()
             _child(binds, cmd, app, None if pair is None else (pair[1], what))
+        # First: a Ctrl-C from here on is the app's, not ours.
+        for sig in FORWARDED:
+            signal.signal(sig, lambda s, _f: os.kill(pid, s))
         if pair is not None:
             pair[1].close()
             syscalls = _start_syscall_view(pair[0], mp, what)
@@ -235,8 +238,6 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         supervisor = supervise.Supervisor(mp, lambda: start_daemon(mp, mount_args), pid,
                                           None if materialized else binds, daemon)
         supervisor.start()
-        for sig in FORWARDED:
-            signal.signal(sig, lambda s, _f: os.kill(pid, s))
         _, status = os.waitpid(pid, 0)
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)

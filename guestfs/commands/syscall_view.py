@@ -24,8 +24,8 @@ import ctypes
 import logging
 import os
 import select
-import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -55,8 +55,8 @@ from guestfs.system.seccomp_notify import (
     Handler,
     Notification,
     NotificationLoop,
-    continue_all,
 )
+from guestfs.system.selfexec import SECCOMP_GUARD, helper_argv
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -236,28 +236,22 @@ def take_listener(sock: socket.socket, timeout: float = 10.0) -> int | None:
 # -------------------------------------------------------------------------- the guard
 
 def start_guard(listener: int) -> int:
-    """A small forked process holding a copy of the listener: once the supervisor is gone
-    (the returned pipe end closes, even on kill -9) it passes every notified call to the
-    kernel, until no filtered process is left. Without it those calls would fail with
-    ENOSYS. Returns the pipe end the supervisor keeps open while it serves."""
+    """A small process holding a copy of the listener: once the supervisor is gone (the
+    returned pipe end closes, even on kill -9) it passes every notified call to the kernel,
+    until no filtered process is left. Without it those calls would fail with ENOSYS.
+    Returns the pipe end the supervisor keeps open while it serves. Its own session: the
+    terminal's Ctrl-C is the app's; no other inherited fd: a held mount-users lock would
+    keep the daemon alive."""
     r, w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the forked guard
-        try:
-            os.setsid()           # not in the terminal's process group: Ctrl-C is the app's
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-                signal.signal(sig, signal.SIG_IGN)
-            keep = sorted({r, listener})
-            # No other inherited fd: a held mount-users lock would keep the daemon alive.
-            os.closerange(3, keep[0])
-            os.closerange(keep[0] + 1, keep[1])
-            os.closerange(keep[1] + 1, 1 << 16)
-            while os.read(r, 1):
-                pass
-            continue_all(listener)
-        finally:
-            os._exit(0)
-    os.close(r)
+    try:
+        subprocess.Popen(helper_argv(SECCOMP_GUARD, str(r), str(listener)),
+                         pass_fds=(r, listener), start_new_session=True,
+                         stdin=subprocess.DEVNULL)
+    except OSError:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
     return w
 
 

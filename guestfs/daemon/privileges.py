@@ -133,12 +133,11 @@ def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:
     signals it must outlive are ignored before the exec (ignored dispositions survive
     it). Where there is no interpreter to exec, the child waits as a plain fork. Call it
     while single-threaded: the child runs Python after fork."""
-    from guestfs.system.selfexec import BOOT, UNMOUNT_WATCHER, SelfExecError, interpreter
+    from guestfs.system.selfexec import UNMOUNT_WATCHER, SelfExecError, helper_argv
 
     r, w = os.pipe()
     try:
-        argv: list[str] | None = [interpreter(), "-I", "-S", BOOT, UNMOUNT_WATCHER, str(r),
-                                  m.mountpoint]
+        argv: list[str] | None = helper_argv(UNMOUNT_WATCHER, str(r), m.mountpoint)
     except SelfExecError:
         argv = None
     pid = os.fork()

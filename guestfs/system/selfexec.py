@@ -13,6 +13,7 @@ BOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # _boot.py's first argument for the daemon's unmount watcher (spelled out there too:
 # _boot.py imports nothing of the package before it has to).
 UNMOUNT_WATCHER = "--unmount-watcher"
+SECCOMP_GUARD = "--seccomp-guard"
 
 
 class SelfExecError(RuntimeError):
@@ -29,4 +30,10 @@ def interpreter() -> str:
 def guestfs_argv(args: list[str]) -> list[str]:
     """The command line that runs ``guestfs ARGS`` with this very package."""
     return [interpreter(), "-I", BOOT, *args]
+
+
+def helper_argv(mode: str, *args: str) -> list[str]:
+    """A small helper of _boot.py's (UNMOUNT_WATCHER, SECCOMP_GUARD): without site (-S),
+    so it waits with little more than the interpreter in memory."""
+    return [interpreter(), "-I", "-S", BOOT, mode, *args]
 
