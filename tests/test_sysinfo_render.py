@@ -155,3 +155,39 @@ MAPS = """00400000-00401000 r-xp 00000000 08:01 1 /bin/x
 ])
 def test_writability_from_maps(addr, size, ok):
     assert _range_writable_maps(MAPS, addr, addr + size) is ok
+
+
+def test_procmap_query_agrees_with_maps_on_this_process():
+    """PROCMAP_QUERY (Linux 6.11) and the /proc/<pid>/maps fallback give the same verdicts
+    on this very process: writable heap, read-only text, unmapped, spanning ranges."""
+    import ctypes
+    import errno
+    import os
+
+    from guestfs.system.seccomp_notify import _range_writable_procmap
+
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    rows = [line.split() for line in maps.splitlines()]
+    spans = [tuple(int(x, 16) for x in r[0].split("-")) + (r[1],) for r in rows]
+    buf = ctypes.create_string_buffer(4096)
+    probes = [(ctypes.addressof(buf), 112)]
+    probes += [(lo, 8) for lo, _hi, _p in spans[:12]]
+    probes += [(hi - 8, 64) for _lo, hi, _p in spans[:12]]      # across the next boundary
+    probes += [(8, 8)]                                           # never mapped
+    fd = os.open("/proc/self/maps", os.O_RDONLY)
+    try:
+        verdicts = []
+        for addr, size in probes:
+            try:
+                got = _range_writable_procmap(fd, addr, addr + size)
+            except OSError as e:
+                major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+                if e.errno in (errno.ENOTTY, errno.EINVAL) and (major, minor) < (6, 11):
+                    pytest.skip("no PROCMAP_QUERY on this kernel (before 6.11)")
+                raise
+            assert got is _range_writable_maps(maps, addr, addr + size), hex(addr)
+            verdicts.append(got)
+    finally:
+        os.close(fd)
+    assert verdicts[0] is True and True in verdicts[1:] and False in verdicts

@@ -37,8 +37,10 @@ IOCTL_NOTIF_SEND = 0xC0000000 | (_RESP.size << 16) | (0x21 << 8) | 1
 IOCTL_NOTIF_ID_VALID = 0x40000000 | (8 << 16) | (0x21 << 8) | 2
 FLAG_CONTINUE = 1
 
-# PROCMAP_QUERY: _IOWR('f', 17, struct procmap_query), Linux 6.11.
-_PROCMAP = struct.Struct("=QQQQQQQQIIIIQQ")
+# PROCMAP_QUERY: _IOWR('f', 17, struct procmap_query), Linux 6.11: size, query_flags,
+# query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode, dev_major,
+# dev_minor, vma_name_size, build_id_size, vma_name_addr, build_id_addr.
+_PROCMAP = struct.Struct("=9Q4I2Q")
 _IOCTL_PROCMAP_QUERY = 0xC0000000 | (_PROCMAP.size << 16) | (0x66 << 8) | 17
 _VMA_WRITABLE = 0x02
 
@@ -82,7 +84,7 @@ def still_valid(listener: int, nid: int) -> bool:
 
 def _range_writable_procmap(maps_fd: int, addr: int, end: int) -> bool:
     while addr < end:
-        q = bytearray(_PROCMAP.pack(_PROCMAP.size, 0, addr, *[0] * 11))
+        q = bytearray(_PROCMAP.pack(_PROCMAP.size, 0, addr, *[0] * 12))
         try:
             fcntl.ioctl(maps_fd, _IOCTL_PROCMAP_QUERY, q, True)
         except FileNotFoundError:       # no mapping covers addr

@@ -222,6 +222,23 @@ def test_tools_inside_guestfs_run_in_the_scope():
     assert count.strip() == "1"
 
 
+def test_sysinfo_and_cpu_count_under_run_in_the_scope():
+    """sysinfo(2) and sched_getaffinity(0) answered for the app on a v2 kernel without
+    PROCMAP_QUERY (6.1: the writability check reads /proc/<tid>/maps): the pod slice's
+    512 MiB and one CPU of the guest's four."""
+    files = {POD: {"memory.max": "536870912", "cpu.max": "100000 100000"}}
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "syscall_probe.py")
+    with cgroup_tree(SCOPE, files) as scope:
+        out = json.loads(run_in(scope, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                                "/run/gfs-sysinfo", "--", sys.executable, probe))
+    record("sysinfo_under_run", totalram=out["sysinfo"]["totalram"], getconf=out["getconf"],
+           nproc=out["nproc"], affinity=out["affinity"], loads=out["getloadavg"])
+    assert out["sysinfo"]["totalram"] == 512 << 20
+    assert out["getconf"] == str((512 << 20) // out["page_size"])
+    assert out["nproc"] == "1" and len(out["affinity"]) == 1
+    assert out["efault_readonly"] == [14, True]
+
+
 def test_long_lived_cgroup_reads_idle_under_run():
     """A cgroup that burnt CPU before `guestfs run` started in it: an idle container
     still reads idle in vmstat and top, with a load near 0 and its own short uptime."""
