@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -167,3 +168,59 @@ def test_run_killed_with_sigkill_leaves_calls_working(mp, tmp_path):
                 if mp in " ".join(p.info["cmdline"] or []):
                     p.send_signal(signal.SIGKILL)
             force_unmount(mp)
+
+
+STOPPED_DAEMON_PROBE = r"""
+import ctypes, json, os, sys, time
+libc = ctypes.CDLL(None)
+buf = ctypes.create_string_buffer(128)
+go = sys.argv[1]
+while not os.path.exists(go):
+    time.sleep(0.05)
+times, totals = [], []
+for _ in range(3):
+    t = time.monotonic()
+    rc = libc.sysinfo(buf)
+    times.append(time.monotonic() - t)
+    totals.append(int.from_bytes(buf.raw[32:40], "little") if rc == 0 else -1)
+    time.sleep(0.3)                    # past the view's 0.25 s: every call wants a re-read
+print(json.dumps({"times": times, "totals": totals}), flush=True)
+"""
+
+
+def test_stopped_daemon_delays_sysinfo_by_at_most_the_reread_wait(mp, tmp_path):
+    """SIGSTOP the FUSE daemon: a read of /proc/meminfo would hang, but sysinfo(2) is
+    answered from the last good read after at most 0.2 s."""
+    go = tmp_path / "go"
+    with v1_cgroup(512 * MiB, 100000, 100000) as cg:
+        dirs = " ".join(cg.dirs.values())
+        shell = f'for d in {dirs}; do echo $$ > $d/cgroup.procs; done; exec "$@"'
+        run = subprocess.Popen(["sh", "-c", shell, "_", sys.executable, "-m", "guestfs", "run",
+                                "--mountpoint", mp, "--", sys.executable, "-c",
+                                STOPPED_DAEMON_PROBE, str(go)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               start_new_session=True)
+        daemon = None
+        try:
+            def find_daemon() -> psutil.Process | None:
+                return next((p for p in psutil.Process(run.pid).children()
+                             if "mount" in p.cmdline()), None)
+            assert wait_for(lambda: find_daemon() is not None, 30)
+            daemon = find_daemon()
+            assert wait_for(lambda: any(str(go) in " ".join(p.info["cmdline"] or [])
+                                        for p in psutil.process_iter(["cmdline"])), 30)
+            time.sleep(0.5)                     # the first read is older than 0.25 s
+            daemon.suspend()
+            go.touch()
+            out, _ = run.communicate(timeout=60)
+        finally:
+            if daemon is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    daemon.resume()
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+            force_unmount(mp)
+    got = json.loads(out)
+    assert got["totals"] == [512 * MiB] * 3
+    assert max(got["times"]) < 1.0, got["times"]    # 0.2 s wait, plus a loaded machine
