@@ -5,6 +5,7 @@ targets are reported by the benchmark as ratios, never asserted on time."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -64,3 +65,22 @@ def test_bench_read_smoke(tmp_path: Path) -> None:
     texts = {e.text for e in root.iter(f"{SVG}text")}
     assert {f"/proc/{f}" for f in FILES} <= texts
     assert {"kernel", "LXCFS", "guestfs fixed view"} <= texts
+
+
+def test_bench_syscalls_smoke(tmp_path: Path) -> None:
+    """Every row is there, and the answered row really was answered (512 MiB, one CPU on
+    a machine with more), so its timings measure the interception, not the kernel."""
+    require_fuse()
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: the affinity row cannot be told apart from the kernel's")
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_syscalls.py"),
+                          "--calls", "200", "--rounds", "1", "--json", str(tmp_path / "s.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "s.json").read_text())
+    assert set(rows) == {"kernel", "run, not intercepted", "run, answered"}
+    assert rows["run, answered"]["totalram"] == 512 << 20
+    assert rows["run, answered"]["cpus"] == 1
+    assert rows["run, not intercepted"]["totalram"] == rows["kernel"]["totalram"]
+    for r in rows.values():
+        assert r["sysinfo"] > 0 and r["sched_getaffinity"] > 0
