@@ -163,6 +163,9 @@ def test_each_container_gets_its_own_sysinfo_and_cpu_count():
         with containers(bundles) as procs:
             outs = [p.communicate(timeout=120) for p in procs]
         assert agent.poll() is None, log.read_text()
+        agent.terminate()                 # SIGTERM: exits 0 and removes its socket
+        assert agent.wait(10) == 0, log.read_text()
+        assert not os.path.exists(sock)
         text = log.read_text()
     for (stdout, stderr), p, (_, _, pages, cpus) in zip(outs, procs, specs, strict=True):
         assert p.returncode == 0, stderr + text
@@ -224,3 +227,40 @@ def test_a_hand_off_with_no_per_container_directory_gets_the_kernels_answers():
     assert proc.returncode == 0, err + text
     assert out.split() == [host, host]
     assert text.count("reading the served view for sysinfo") == 1, text
+
+
+def test_podman_passes_the_profiles_listener_path():
+    """podman 4.3 (runc) with --security-opt seccomp=<the docs' profile>: the container,
+    limited to 512 MiB and one CPU, reads its own values through the agent. --rootfs with
+    the host's binaries keeps the test free of any image."""
+    require_runc()
+    if shutil.which("podman") is None:
+        pytest.fail("podman is missing: .ci/setup installs it")
+    from tests.test_image import RUN, libpod_dirs
+
+    before = libpod_dirs()
+    with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
+            agent_running(top, str(top / "mnt")) as (_agent, sock, log):
+        profile = top / "profile.json"
+        profile.write_text(json.dumps(docs_profile(sock)))
+        rootfs = top / "rootfs"
+        rootfs.mkdir()
+        volumes = []
+        for d in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
+            if os.path.islink(d):
+                (rootfs / d[1:]).symlink_to(os.readlink(d))
+            elif os.path.isdir(d):
+                (rootfs / d[1:]).mkdir()
+                volumes += ["-v", f"{d}:{d}:ro"]
+        try:
+            out = subprocess.run([*RUN, "--memory", "512m", "--cpus", "1", "--security-opt",
+                                  f"seccomp={profile}", *volumes, "--rootfs", str(rootfs),
+                                  "sh", "-c", "getconf _PHYS_PAGES; nproc"],
+                                 capture_output=True, text=True, timeout=120)
+        finally:
+            for d in sorted(libpod_dirs() - before, reverse=True):  # podman's parent cgroup
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+        text = log.read_text()
+    assert out.returncode == 0, out.stderr + text
+    assert out.stdout.split() == ["131072", "1"], text

@@ -31,6 +31,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from dataclasses import dataclass
 
 from guestfs.commands.syscall_view import (
@@ -322,7 +323,10 @@ class Agent:
                     continue
                 c = self.containers[fd]
                 if ev & select.POLLIN:
-                    self._answer(c)
+                    try:
+                        self._answer(c)
+                    except Exception:  # noqa: BLE001 - this thread answers every container
+                        log.exception("%s: answering a call", c.name)
                 elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                     # Every process of the filter has exited: the container is gone.
                     poller.unregister(fd)
@@ -359,10 +363,21 @@ def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str) -> 
     signal.signal(signal.SIGTERM, stop)
     log.info("seccomp agent on %s, views from %s (guard pid %d)", socket_path, source,
              guard.pid)
+    stops = {signal.SIGTERM, signal.SIGINT}
     try:
         while True:
-            conn, _ = sock.accept()
-            agent.handle_connection(conn)
+            try:
+                conn, _ = sock.accept()
+            except OSError as e:          # EMFILE and the like: the next one may do
+                log.warning("accept: %s", e)
+                time.sleep(0.1)
+                continue
+            # A stop mid hand-off would close a listener the guard does not hold yet.
+            signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+            try:
+                agent.handle_connection(conn)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     except (SystemExit, KeyboardInterrupt):
         return 0
     finally:
