@@ -264,3 +264,71 @@ def test_podman_passes_the_profiles_listener_path():
         text = log.read_text()
     assert out.returncode == 0, out.stderr + text
     assert out.stdout.split() == ["131072", "1"], text
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def handed_off_child(sock: str, go: int, out: int) -> None:  # pragma: no cover - child
+    """Install a notifying filter, hand its listener to the agent as runc would, wait for
+    ``go``, then report what sysconf and the affinity mask say."""
+    from guestfs.system.seccomp_filter import Interception, install_listener
+
+    try:
+        listener = install_listener(Interception())
+        state = {"ociVersion": "1.0.2", "fds": ["seccompFd"], "pid": os.getpid(),
+                 "state": {"id": f"many-{os.getpid()}", "pid": os.getpid()}}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(sock)
+            socket.send_fds(s, [json.dumps(state).encode()], [listener])
+        os.close(listener)
+        os.read(go, 1)
+        os.write(out, f"{os.sysconf('SC_PHYS_PAGES')} {len(os.sched_getaffinity(0))}\n"
+                 .encode())
+    finally:
+        os._exit(0)
+
+
+def test_one_agent_serves_many_listeners_and_drops_each_when_its_processes_exit():
+    """60 process trees with a listener each, answered by the agent's one thread; once
+    they exit, neither the agent nor its guard keeps a descriptor for them."""
+    require_runc()
+    from guestfs.sources.containerdirs import key_of_cgroup_text
+
+    n = 60
+    with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
+            agent_running(top, str(top / "mnt")) as (agent, sock, log):
+        guard = guard_pid(log)
+        assert guard is not None
+        base = fd_count(agent.pid), fd_count(guard)
+        with open("/proc/self/cgroup") as f:
+            key = key_of_cgroup_text(f.read())
+        with open(top / "mnt" / str(key) / "proc/meminfo") as f:
+            want_pages = int(f.readline().split()[1]) * 1024 // os.sysconf("SC_PAGE_SIZE")
+        go_r, go_w = os.pipe()
+        out_r, out_w = os.pipe()
+        pids = []
+        try:
+            for _ in range(n):
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover
+                    handed_off_child(sock, go_r, out_w)
+                pids.append(pid)
+            os.close(out_w)
+            assert wait_for(lambda: log.read_text().count("answering from its own") == n,
+                            30), log.read_text()[-2000:]
+            os.write(go_w, b"x" * n)
+            with os.fdopen(out_r) as results:
+                lines = results.read().splitlines()
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            os.close(go_r)
+            os.close(go_w)
+        assert len(lines) == n
+        assert {ln.split()[0] for ln in lines} == {str(want_pages)}
+        assert wait_for(lambda: (fd_count(agent.pid), fd_count(guard)) == base, 10), \
+            (base, fd_count(agent.pid), fd_count(guard))
+        assert log.read_text().count("calls answered") == n
