@@ -161,6 +161,16 @@ def cmd_oci_hook(args: argparse.Namespace) -> int:
                      verbose=args.verbose, log_file=args.log_file)
 
 
+def cmd_seccomp_agent(args: argparse.Namespace) -> int:
+    from guestfs.commands.seccomp_agent import serve_agent
+
+    setup_logging(args.verbose)
+    try:
+        return serve_agent(args.socket, args.source, args.sysinfo, args.cpu_affinity)
+    except OSError as e:
+        raise CliError(f"seccomp-agent: {e}") from e
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="guestfs",
@@ -300,6 +310,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also append the log line here (runtimes drop the output of a hook "
                         "that exits 0)")
     p.set_defaults(func=cmd_oci_hook)
+
+    p = sub.add_parser("seccomp-agent", help="answer sysinfo(2) and the CPU count for "
+                                             "containers whose seccomp profile notifies them",
+                       description="Listen on SOCKET for the seccomp listeners an OCI runtime "
+                                   "hands over (the profile's listenerPath, docs/deploy.md) "
+                                   "and answer each container's sysinfo(2) and "
+                                   "sched_getaffinity(2) from SOURCE/<key>/..., its directory "
+                                   "of a per-container mount; where there is none, the kernel "
+                                   "answers. Runs in the foreground; SIGTERM stops it.")
+    p.add_argument("--socket", default="/run/guestfs-seccomp/agent.sock",
+                   help="the unix socket the profile's listenerPath names (default "
+                        "/run/guestfs-seccomp/agent.sock; its directory is made 0700)")
+    p.add_argument("--source", default=DEFAULT_HOOK_SOURCE,
+                   help=f"the per-container guestfs mount (default {DEFAULT_HOOK_SOURCE})")
+    p.add_argument("--no-sysinfo", dest="sysinfo", action="store_false",
+                   help="let the kernel answer sysinfo(2)")
+    p.add_argument("--cpu-affinity", choices=AFFINITY_MODES, default="view",
+                   help="as for run: 'view' (default), 'pin' or 'host'")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_seccomp_agent)
     return parser
 
 

@@ -84,8 +84,11 @@ class ServedView:
     longer than REFRESH_WAIT (a stopped daemon) finishes in the background while calls
     are answered from the last good read; with no good read at all the kernel answers."""
 
-    def __init__(self, read_texts: Callable[[], dict[str, str]]) -> None:
+    def __init__(self, read_texts: Callable[[], dict[str, str]],
+                 wait: float = REFRESH_WAIT) -> None:
         self._read_texts = read_texts
+        self._wait = wait       # the seccomp agent's one loop serves many: it waits less
+        self._failing = ""      # the last failure logged: a missing view is logged once
         self._last: _Read | None = None
         self._lock = threading.Lock()
         self._reading: threading.Thread | None = None
@@ -97,11 +100,16 @@ class ServedView:
                                     t["/proc/uptime"]),
                          cpu_count_of(t["/sys/devices/system/cpu/online"]), time.monotonic())
         except (OSError, KeyError, ViewTextError) as e:
-            log.warning("reading the served view for sysinfo: %s", e)
+            if str(e) != self._failing:
+                log.warning("reading the served view for sysinfo: %s", e)
+                self._failing = str(e)
             return
+        if self._failing:
+            log.info("the served view reads again")
+            self._failing = ""
         self._last = read
 
-    def current(self) -> _Read | None:
+    def current(self, wait: float | None = None) -> _Read | None:
         last = self._last
         if last is not None and time.monotonic() - last.at < REFRESH_AFTER:
             return last
@@ -111,7 +119,7 @@ class ServedView:
                                                  name="guestfs-sysinfo-read")
                 self._reading.start()
             reading = self._reading
-        reading.join(REFRESH_WAIT)
+        reading.join(self._wait if wait is None else wait)
         return self._last
 
 

@@ -1,0 +1,388 @@
+"""`guestfs seccomp-agent`: answers sysinfo(2) and sched_{get,set}affinity(2) for
+containers guestfs does not start, each from its own directory of a per-container mount.
+
+An OCI runtime whose seccomp profile notifies those calls (SCMP_ACT_NOTIFY) and names a
+``listenerPath`` connects to that unix socket once per container process and sends, in
+one sendmsg, the JSON container process state with the seccomp listener as SCM_RIGHTS
+(runc's sendContainerProcessState, libcontainer/process_linux.go; crun does the same):
+
+    {"ociVersion": "1.0.2", "fds": ["seccompFd"], "pid": 4242, "metadata": "...",
+     "state": {"ociVersion": ..., "id": "ctr", "status": "creating", "pid": 4242,
+               "bundle": "/path", "annotations": {...}}}
+
+then closes the connection. The agent finds the container's cgroup from
+/proc/<pid>/cgroup and answers from SOURCE/<dir_key(cgroup)>/proc/meminfo and so on, the
+same directory the OCI hook binds into that container, so its files and its system calls
+agree. One thread answers every container (a node runs hundreds; calls are rare and
+answered in tens of microseconds); a second accepts hand-offs, so a client that connects
+and says nothing delays no container's calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import socket
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from guestfs.commands.syscall_view import (
+    ServedView,
+    interception_for,
+    make_handlers,
+    texts_under,
+)
+from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
+from guestfs.sources.proc_cgroup import parse_proc_cgroup
+from guestfs.system.seccomp_filter import Arch, this_arch
+from guestfs.system.seccomp_guard import ListenerGuard
+from guestfs.system.seccomp_notify import Handler, receive, respond, serve_one
+
+log = logging.getLogger("guestfs.seccomp")
+
+# Not under /run/guestfs, `guestfs run`'s default mountpoint: a directory of our own,
+# 0700 root, so only root (the runtime) can connect.
+DEFAULT_AGENT_SOCKET = "/run/guestfs-seccomp/agent.sock"
+MAX_STATE = 1 << 20       # bytes; runc's state carries the annotations, a few KiB at most
+HANDOFF_TIMEOUT = 2.0     # seconds a connection may take to send its state
+AGENT_WAIT = 0.02         # seconds a call waits for a view re-read (one loop serves all)
+FIRST_READ_WAIT = 0.5     # seconds the hand-off waits for a container's first read
+_SECCOMP_FD_LINK = "anon_inode:seccomp notify"
+
+
+class AgentError(OSError):
+    pass
+
+
+class StateError(ValueError):
+    """A hand-off that is not a container process state."""
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    pid: int            # the process whose filter sent the listener, in our pid namespace
+    container_id: str
+    fd_index: int       # where "seccompFd" is among the fds received
+
+
+def parse_state(data: bytes) -> ProcessState:
+    """The fields the agent uses from runc's JSON; StateError for anything else."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StateError(f"not JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise StateError("not a JSON object")
+    fds = doc.get("fds")
+    if not isinstance(fds, list) or "seccompFd" not in fds:
+        raise StateError(f"no \"seccompFd\" in fds {fds!r:.80}")
+    state = doc.get("state")
+    state = state if isinstance(state, dict) else {}
+    pid = doc.get("pid", state.get("pid"))
+    # bool is an int in Python: true is not a pid.
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        raise StateError(f"no process id (pid {pid!r:.40})")
+    cid = state.get("id")
+    return ProcessState(pid, cid if isinstance(cid, str) else f"pid {pid}",
+                        fds.index("seccompFd"))
+
+
+def container_key(pid: int) -> str | None:
+    """The per-container directory of ``pid``'s cgroup, or None where the agent cannot
+    tell it (pid gone, or a cgroup namespace showing the container's cgroup as "/")."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            path = container_cgroup(parse_proc_cgroup(f.read()))
+    except OSError as e:
+        log.warning("pid %d: /proc/%d/cgroup: %s", pid, pid, e.strerror or e)
+        return None
+    if path is None or path == "/" or path.startswith("/.."):
+        log.warning("pid %d: cgroup %r names no container as the agent sees it (a cgroup "
+                    "namespace?)", pid, path)
+        return None
+    try:
+        return dir_key(path)
+    except BadKey as e:
+        log.warning("pid %d: %s", pid, e)
+        return None
+
+
+# ------------------------------------------------------------------- the listening socket
+
+def _owned_private_dir(d: str) -> None:
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise AgentError(f"{d} is not a directory (a symbolic link?)")
+    if st.st_uid != os.geteuid():
+        raise AgentError(f"{d} belongs to uid {st.st_uid}, not to us")
+    if st.st_mode & 0o077:
+        os.chmod(d, 0o700)     # ours: only root may hand the agent a listener
+
+
+def _remove_stale(path: str) -> None:
+    """Remove a socket no agent listens on; refuse a live one and anything else (a symlink
+    planted there would otherwise have root bind or unlink where it points)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise AgentError(f"{path} exists and is not a socket (a symbolic link or a file?)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)        # stale: left by an agent that was killed
+        return
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    raise AgentError(f"another seccomp agent listens on {path}")
+
+
+def listen_at(path: str) -> socket.socket:
+    path = os.path.abspath(path)
+    _owned_private_dir(os.path.dirname(path))
+    _remove_stale(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)          # no moment where the socket is connectable by others
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(64)
+    return sock
+
+
+def receive_handoff(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """The runtime's state and the fds that came with it. runc does not close its end
+    after sending (it closes a dup), so the state ends where its JSON object does, not at
+    end of stream; a stream may split the one sendmsg, whose fds come with its first
+    byte. Garbage is read until end of stream, MAX_STATE or HANDOFF_TIMEOUT; whatever was
+    received is returned, so a listener that came with it is never lost."""
+    conn.settimeout(HANDOFF_TIMEOUT)
+    data = bytearray()
+    fds: list[int] = []
+    decoder = json.JSONDecoder()
+    while len(data) <= MAX_STATE:
+        try:
+            msg, got, _flags, _addr = socket.recv_fds(conn, 1 << 16, 8)
+        except OSError as e:        # TimeoutError included
+            log.debug("hand-off read: %s", e)
+            break
+        fds += got
+        if not msg:
+            break
+        data += msg
+        with contextlib.suppress(ValueError):
+            decoder.raw_decode(data.decode("utf-8"))
+            break                   # one whole JSON value: runc sends nothing more
+    return bytes(data), fds
+
+
+def is_listener(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == _SECCOMP_FD_LINK
+    except OSError:
+        return False
+
+
+def peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+# ------------------------------------------------------------------------ serving
+
+@dataclass
+class Container:
+    listener: int
+    name: str                           # for the log: container id and pid
+    handlers: dict[int, Handler]        # empty: every call goes to the kernel
+    served: int = 0
+
+
+class Agent:
+    """Answers every container's listener from one thread; listeners come from accept()
+    in another, through a queue and a wake-up pipe."""
+
+    def __init__(self, arch: Arch, source: str, sysinfo: bool, affinity: str,
+                 guard: ListenerGuard | None) -> None:
+        self.arch = arch
+        self.source = source
+        self.what = interception_for(sysinfo, affinity)
+        self.guard = guard
+        self.containers: dict[int, Container] = {}
+        self._incoming: queue.SimpleQueue[Container] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._thread = threading.Thread(target=self._serve, name="guestfs-agent", daemon=True)
+
+    def start(self) -> Agent:
+        self._thread.start()
+        return self
+
+    # -- hand-offs (the accepting thread)
+
+    def handle_connection(self, conn: socket.socket) -> None:
+        """One runtime hand-off; never raises. A seccomp listener received is kept and
+        served whatever else is wrong: closing it would fail its processes' calls with
+        ENOSYS. The connection and anything else received are closed."""
+        fds: list[int] = []
+        try:
+            uid = peer_uid(conn)
+            if uid not in (0, os.geteuid()):
+                log.warning("hand-off from uid %d refused", uid)
+                return
+            data, fds = receive_handoff(conn)
+            listeners = [fd for fd in fds if is_listener(fd)]
+            try:
+                state = parse_state(data)
+            except StateError as e:
+                log.warning("hand-off with a bad state (%s)%s", e,
+                            "; its listener's calls go to the kernel" if listeners else "")
+                state = None
+            if state is not None and state.fd_index < len(fds) \
+                    and fds[state.fd_index] in listeners:
+                listener = fds[state.fd_index]
+            elif listeners:
+                listener, state = listeners[0], None
+            else:
+                log.warning("hand-off without a seccomp listener fd: ignored")
+                return
+            fds.remove(listener)
+            self.add(listener, state)
+        except (OSError, StateError) as e:
+            log.warning("hand-off: %s", e)
+        except Exception:  # noqa: BLE001 - one bad hand-off never stops the agent
+            log.exception("hand-off")
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            conn.close()
+
+    def add(self, listener: int, state: ProcessState | None) -> None:
+        os.set_inheritable(listener, False)
+        if self.guard is not None:
+            self.guard.add(listener)     # first: the agent may die any moment from now
+        handlers: dict[int, Handler] = {}
+        name = "a container of unknown state"
+        if state is not None:
+            name = f"container {state.container_id} (pid {state.pid})"
+            key = container_key(state.pid)
+            if key is not None:
+                handlers = self._handlers_for(name, f"{self.source}/{key}")
+        if not handlers:
+            log.warning("%s: the kernel answers its calls", name)
+        else:
+            log.info("%s: answering from its own view", name)
+        self._incoming.put(Container(listener, name, handlers))
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def _handlers_for(self, name: str, root: str) -> dict[int, Handler]:
+        read = texts_under(root)
+
+        def read_named() -> dict[str, str]:
+            try:
+                return read()
+            except OSError as e:   # logged once by the view, naming the container
+                raise OSError(e.errno, f"{name}: {e.filename}: {e.strerror}") from e
+
+        view = ServedView(read_named, wait=AGENT_WAIT)
+        if view.current(wait=FIRST_READ_WAIT) is None:
+            log.warning("%s: no view under %s yet; the kernel answers until there is", name,
+                        root)
+        return make_handlers(self.arch, view, self.what)
+
+    # -- answering (the serving thread)
+
+    def _serve(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        while True:
+            for fd, ev in poller.poll():
+                if fd == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                    while not self._incoming.empty():
+                        c = self._incoming.get()
+                        self.containers[c.listener] = c
+                        poller.register(c.listener, select.POLLIN)
+                    continue
+                c = self.containers[fd]
+                if ev & select.POLLIN:
+                    try:
+                        self._answer(c)
+                    except Exception:  # noqa: BLE001 - this thread answers every container
+                        log.exception("%s: answering a call", c.name)
+                elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    # Every process of the filter has exited: the container is gone.
+                    poller.unregister(fd)
+                    del self.containers[fd]
+                    os.close(fd)
+                    log.info("%s exited; %d calls answered", c.name, c.served)
+
+    def _answer(self, c: Container) -> None:
+        try:
+            note = receive(c.listener)
+        except OSError:
+            return    # ENOENT: the caller was killed between poll and receive
+        if note.arch != self.arch.audit_arch:
+            # A 32-bit call: its numbers are another table's (i386 sysinfo is 116).
+            respond(c.listener, note.id, cont=True)
+            return
+        serve_one(c.listener, note, c.handlers)
+        c.served += 1
+
+
+def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str) -> int:
+    arch = this_arch()
+    if arch is None:
+        raise AgentError("no seccomp numbers for this architecture")
+    socket_path = os.path.abspath(socket_path)
+    sock = listen_at(socket_path)
+    ident = os.lstat(socket_path).st_ino     # unlinked at exit only if still ours
+    guard = ListenerGuard()       # before any thread starts
+    agent = Agent(arch, source, sysinfo, affinity, guard).start()
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    log.info("seccomp agent on %s, views from %s (guard pid %d)", socket_path, source,
+             guard.pid)
+    stops = {signal.SIGTERM, signal.SIGINT}
+    try:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError as e:          # EMFILE and the like: the next one may do
+                log.warning("accept: %s", e)
+                time.sleep(0.1)
+                continue
+            # A stop mid hand-off would close a listener the guard does not hold yet.
+            signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+            try:
+                agent.handle_connection(conn)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+    except (SystemExit, KeyboardInterrupt):
+        return 0
+    finally:
+        with contextlib.suppress(OSError):
+            if os.lstat(socket_path).st_ino == ident:
+                os.unlink(socket_path)
+        sock.close()
+        guard.close()      # running containers' calls go to the kernel from now on
