@@ -11,8 +11,8 @@ Usage: python -I /path/to/guestfs/_boot.py ARGS... (ARGS as for the guestfs comm
 The daemon's unmount watcher (guestfs.daemon.privileges) runs it as
 ``python -I -S _boot.py --unmount-watcher FD MOUNTPOINT``: it waits on FD with nothing
 but os and sys imported, since its memory counts in the daemon's container, and loads the
-package only to unmount. `guestfs run`'s seccomp guard runs it as ``python -I -S _boot.py
---seccomp-guard PIPE_FD LISTENER_FD`` for the same reason.
+package only to unmount. The seccomp guard runs it as ``python -I -S _boot.py
+--seccomp-guard FD`` for the same reason (guestfs.system.seccomp_guard).
 """
 
 import os
@@ -55,27 +55,24 @@ def unmount_watcher(fd: str, mountpoint: str) -> int:
     return 0
 
 
-def seccomp_guard(pipe_fd: str, listener_fd: str) -> int:
-    """EOF on ``pipe_fd``: the supervisor of ``listener_fd`` is gone (stopped, or killed);
-    from then on every notified call is passed to the kernel until no filtered process is
-    left (guestfs.commands.syscall_view.start_guard). Waits with nothing but os, sys and
-    signal imported: it lives as long as the app."""
+def seccomp_guard(sock_fd: str) -> int:
+    """The guard of seccomp listeners (guestfs.system.seccomp_guard): ignores the signals
+    a terminal or a process-group kill sends, then loads the package and keeps every
+    listener it is handed until the supervisor is gone and their processes have exited."""
     import signal
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
-    while os.read(int(pipe_fd), 1):
-        pass
     _load_own_package()
-    from guestfs.system.seccomp_notify import continue_all
+    from guestfs.system.seccomp_guard import guard_main
 
-    continue_all(int(listener_fd))
+    guard_main(int(sock_fd))
     return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [SECCOMP_GUARD]:
-        raise SystemExit(seccomp_guard(*sys.argv[2:4]))
+        raise SystemExit(seccomp_guard(sys.argv[2]))
     if sys.argv[1:2] == [UNMOUNT_WATCHER]:
         raise SystemExit(unmount_watcher(*sys.argv[2:4]))
     raise SystemExit(main(sys.argv[1:]))

@@ -25,7 +25,6 @@ import logging
 import os
 import select
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from guestfs.system.seccomp_filter import (
     install_listener,
     this_arch,
 )
+from guestfs.system.seccomp_guard import ListenerGuard
 from guestfs.system.seccomp_notify import (
     CONTINUE,
     Answer,
@@ -56,7 +56,6 @@ from guestfs.system.seccomp_notify import (
     Notification,
     NotificationLoop,
 )
-from guestfs.system.selfexec import SECCOMP_GUARD, helper_argv
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -241,41 +240,19 @@ def take_listener(sock: socket.socket, timeout: float = 10.0) -> int | None:
     return fds[0]
 
 
-# -------------------------------------------------------------------------- the guard
-
-def start_guard(listener: int) -> int:
-    """A small process holding a copy of the listener: once the supervisor is gone (the
-    returned pipe end closes, even on kill -9) it passes every notified call to the kernel,
-    until no filtered process is left. Without it those calls would fail with ENOSYS.
-    Returns the pipe end the supervisor keeps open while it serves. Its own session: the
-    terminal's Ctrl-C is the app's; no other inherited fd: a held mount-users lock would
-    keep the daemon alive."""
-    r, w = os.pipe2(os.O_CLOEXEC)
-    try:
-        subprocess.Popen(helper_argv(SECCOMP_GUARD, str(r), str(listener)),
-                         pass_fds=(r, listener), start_new_session=True,
-                         stdin=subprocess.DEVNULL)
-    except OSError:
-        os.close(w)
-        raise
-    finally:
-        os.close(r)
-    return w
-
-
 class SyscallSupervisor:
     """The notification loop (a thread of the `guestfs run` process, never the FUSE
-    daemon) and its guard."""
+    daemon) and its guard, which continues every call once this process is gone."""
 
     def __init__(self, listener: int, handlers: dict[int, Handler]) -> None:
         self.listener = listener
-        self._guard_pipe = start_guard(listener)
+        self.guard = ListenerGuard()
+        self.guard.add(listener)          # first: we may die any moment from now
         self.loop = NotificationLoop(listener, handlers).start()
 
     def stop(self) -> None:
         self.loop.stop()
-        with contextlib.suppress(OSError):
-            os.close(self._guard_pipe)     # the guard takes over any orphaned descendant
+        self.guard.close()          # the guard takes over any orphaned descendant
         with contextlib.suppress(OSError):
             os.close(self.listener)
 

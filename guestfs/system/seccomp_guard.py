@@ -1,5 +1,6 @@
-"""A guard for many seccomp listeners: a forked process holding a copy of each, which
-passes every notified call back to the kernel once its supervisor is gone.
+"""A guard for seccomp listeners: a small process holding a copy of each, which passes
+every notified call back to the kernel once its supervisor (`guestfs run`, the seccomp
+agent) is gone.
 
 Without it, a supervisor killed with -9 closes the last copy of each listener and the
 kernel fails every notified call with ENOSYS from then on (seccomp has no "fall back to
@@ -24,10 +25,11 @@ import errno
 import logging
 import os
 import select
-import signal
 import socket
+import subprocess
 
 from guestfs.system.seccomp_notify import receive, respond
+from guestfs.system.selfexec import SECCOMP_GUARD, helper_argv
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -35,19 +37,25 @@ _DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
 class ListenerGuard:
-    """The supervisor's handle on its guard. Fork it before starting any thread (a fork
-    of a threaded Python process may inherit a held lock)."""
+    """The supervisor's handle on its guard: ``python -I -S _boot.py --seccomp-guard FD``
+    in a session of its own (the terminal's Ctrl-C and a kill of the supervisor's process
+    group are not for it), with no other inherited descriptor (a held listening socket or
+    mount-users lock would outlive the supervisor in it). Exec'd, not forked: a fork of a
+    threaded process may inherit a held lock, and ps shows what it is."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.pid = os.fork()
-        if self.pid == 0:  # pragma: no cover - runs in the forked guard
-            try:
-                ours.close()
-                _guard_main(theirs)
-            finally:
-                os._exit(0)
-        theirs.close()
+        try:
+            fd = str(theirs.fileno())
+            proc = subprocess.Popen(helper_argv(SECCOMP_GUARD, fd), pass_fds=(theirs.fileno(),),
+                                    start_new_session=True, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.pid = proc.pid
         self._sock = ours
 
     def add(self, listener: int) -> bool:
@@ -66,22 +74,10 @@ class ListenerGuard:
             self._sock.close()
 
 
-def _detach_from_parent(keep: int) -> None:  # pragma: no cover - in the guard
-    os.setsid()      # not in the agent's process group: a group kill leaves the guard
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_IGN)
-    # No inherited descriptor: the agent's listening socket held here would accept runc's
-    # hand-offs into a backlog nobody reads, and a pipe to the agent's stderr would keep
-    # whoever reads it waiting.
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.closerange(3, keep)
-    os.closerange(keep + 1, 1 << 16)
-
-
-def _guard_main(sock: socket.socket) -> None:  # pragma: no cover - in the guard
-    _detach_from_parent(sock.fileno())
+def guard_main(fd: int) -> None:  # pragma: no cover - in the guard
+    """The guard's loop (_boot.py --seccomp-guard): until the supervisor is gone and every
+    listener it handed over has hung up."""
+    sock = socket.socket(fileno=fd)
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     listeners: set[int] = set()

@@ -237,21 +237,3 @@ class NotificationLoop:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
-
-
-def continue_all(listener: int) -> None:
-    """Pass every notification to the kernel until no filtered process is left: the guard's
-    loop once the supervisor is gone (without a listener the kernel fails every notified
-    call with ENOSYS; seccomp has no "fall back to allow" flag)."""
-    poller = select.poll()
-    poller.register(listener, select.POLLIN)
-    while True:
-        for _fd, ev in poller.poll():
-            if ev & select.POLLIN:
-                try:
-                    note = receive(listener)
-                except OSError:
-                    continue
-                respond(listener, note.id, cont=True)
-            elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                return
