@@ -10,12 +10,13 @@ one sendmsg, the JSON container process state with the seccomp listener as SCM_R
      "state": {"ociVersion": ..., "id": "ctr", "status": "creating", "pid": 4242,
                "bundle": "/path", "annotations": {...}}}
 
-then closes the connection. The agent finds the container's cgroup from
-/proc/<pid>/cgroup and answers from SOURCE/<dir_key(cgroup)>/proc/meminfo and so on, the
-same directory the OCI hook binds into that container, so its files and its system calls
-agree. One thread answers every container (a node runs hundreds; calls are rare and
-answered in tens of microseconds); a second accepts hand-offs, so a client that connects
-and says nothing delays no container's calls.
+runc keeps its end open afterwards, so the state ends where its JSON object does. The
+agent finds the container's cgroup from /proc/<pid>/cgroup and answers from
+SOURCE/<dir_key(cgroup)>/proc/meminfo and so on, the same directory the OCI hook binds
+into that container, so its files and its system calls agree. One thread answers every
+container (a node runs hundreds; calls are rare and answered in tens of microseconds); a
+second accepts hand-offs, so a client that connects and says nothing delays no
+container's calls.
 """
 
 from __future__ import annotations
