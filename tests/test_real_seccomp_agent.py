@@ -148,8 +148,14 @@ def send_garbage(sock: str) -> None:
         os.close(w)
 
 
-SCRIPT = ("getconf _PHYS_PAGES; echo " + SEP + "; nproc; echo " + SEP + "; python3 -c "
-          "'import os; print(os.sysconf(\"SC_PHYS_PAGES\"), len(os.sched_getaffinity(0)))'")
+# Python: pages, CPUs, the 1-minute load (glibc's getloadavg() is sysinfo's loads) and
+# sysinfo's uptime, read through ctypes (bytes 0-7 of struct sysinfo).
+PY = ("import ctypes, os; b = ctypes.create_string_buffer(112); "
+      "ctypes.CDLL(None).sysinfo(b); "
+      "print(os.sysconf(\"SC_PHYS_PAGES\"), len(os.sched_getaffinity(0)), "
+      "os.getloadavg()[0], int.from_bytes(b.raw[:8], \"little\"))")
+SCRIPT = ("getconf _PHYS_PAGES; echo " + SEP + "; nproc; echo " + SEP + "; python3 -c '"
+          + PY + "'")
 
 
 def test_each_container_gets_its_own_sysinfo_and_cpu_count():
@@ -171,7 +177,11 @@ def test_each_container_gets_its_own_sysinfo_and_cpu_count():
         assert p.returncode == 0, stderr + text
         getconf, nproc, python = stdout.split(SEP + "\n")
         assert (getconf.strip(), nproc.strip()) == (pages, cpus), text
-        assert python.split() == [pages, cpus]
+        py_pages, py_cpus, load1, uptime = python.split()
+        assert [py_pages, py_cpus] == [pages, cpus]
+        # A container seconds old: its own load (0 until its first 5 s sample) and age,
+        # not the node's.
+        assert float(load1) < 0.5 and int(uptime) < 120, python
     assert text.count("answering from its own view") == 2, text
     assert "hand-off with a bad state" in text and "without a seccomp listener" in text
 
