@@ -55,7 +55,8 @@ class Notification:
 
 
 class Gone(Exception):
-    """The caller died or the notification was answered: nothing to do for it."""
+    """The caller's memory cannot be reached (it died, or /proc/<tid>/mem is refused):
+    the kernel answers its call."""
 
 
 def receive(listener: int) -> Notification:
@@ -177,7 +178,11 @@ def serve_one(listener: int, note: Notification, handlers: Mapping[int, Handler]
         return
     try:
         mem = CallerMemory(listener, note)
-    except Gone:
+    except Gone as e:
+        # Never left unanswered: a caller we may not open (EACCES, a sandboxed /proc) would
+        # block for good. For one that is really gone the kernel refuses this (ENOENT).
+        log.debug("syscall %d of %d: %s; the kernel answers it", note.nr, note.pid, e)
+        respond(listener, note.id, cont=True)
         return
     try:
         answer = handler(note, mem)
