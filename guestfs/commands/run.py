@@ -18,7 +18,7 @@ from guestfs.commands.apppriv import AppSetup, prepare_app
 from guestfs.commands.oomadj import shield_wrapper
 from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
 from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
-from guestfs.sources.hostroot import pread_all
+from guestfs.sources.host_root import pread_all
 from guestfs.system import sysmount
 from guestfs.system.selfexec import guestfs_argv
 

@@ -24,7 +24,7 @@ from guestfs.engine.explicit import ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
 from guestfs.render.files import ViewState, render_file, view_tasks
 from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
 from guestfs.sources.timens import read_boottime_offset

@@ -17,14 +17,14 @@ from guestfs.render.meminfo import render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, render_stat, shift_btime
 from guestfs.render.uptime import render_uptime
 from guestfs.sources.host_proc import parse_uptime
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import Snapshot
 from guestfs.sources.usage import (
+    io_counters,
+    pressure_text,
     read_container_age,
     read_cpu_usage_now,
-    read_io,
     read_last_pid,
-    read_pressure,
     read_task_counts,
 )
 from guestfs.sources.usage_parsers import ContainerAge, CpuUsage, TaskCounts
@@ -152,13 +152,13 @@ def _loadavg(ctx: RenderContext, text: str) -> str:
 def _diskstats(ctx: RenderContext, text: str) -> str:
     if not ctx.lim.any_limited:
         return text
-    return render_diskstats(text, read_io(ctx.snap))
+    return render_diskstats(text, io_counters(ctx.snap))
 
 
 def _pressure(resource: str) -> Callable[[RenderContext, str], str]:
     def render(ctx: RenderContext, text: str) -> str:
         cgroup = {"cpu": ctx.lim.cpu_cgroup, "memory": ctx.lim.memory_cgroup}.get(resource)
-        return read_pressure(ctx.snap, resource, cgroup) or text
+        return pressure_text(ctx.snap, resource, cgroup) or text
     return render
 
 

@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from guestfs.sources.cgroup_path import leaves_namespace, level_paths, pick_mount
 from guestfs.sources.host_proc import HostInfo, read_host_info
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.mountinfo import CgroupMount, read_cgroup_mounts
 from guestfs.sources.proc_cgroup import CgroupMembership, read_proc_cgroup
 from guestfs.sources.provenance import CGROUP, Source
