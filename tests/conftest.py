@@ -7,7 +7,7 @@ import pytest
 
 from guestfs.engine.explicit import ExplicitSettings, collect_explicit
 from guestfs.engine.limits import EffectiveLimits, effective_limits
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import read_snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

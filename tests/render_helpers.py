@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from guestfs.render.files import SERVED_FILES, ViewState, render_file
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import read_snapshot
 from tests.conftest import limits_of
 

@@ -13,7 +13,7 @@ import pytest
 
 from guestfs.daemon.server import ServerConfig, ViewServer
 from guestfs.engine.explicit import ExplicitLimits
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from tests.fusemount import mounted
 from tests.realcg import v1_cgroup
 from tests.render_helpers import meminfo_kb, render_all

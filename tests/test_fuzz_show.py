@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from guestfs.commands.cli import main
 from guestfs.daemon.server import ServerConfig, UnseenReader, ViewServer
 from guestfs.render.files import SERVED_FILES
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from tests.conftest import FIXTURE_NAMES, FIXTURES
 from tests.test_fuzz_parsers import texts
 

@@ -7,12 +7,14 @@ from types import MappingProxyType
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from guestfs.engine.limits import EffectiveLimits, MemoryUsage
-from guestfs.engine.provenance import CGROUP, HOST, Resolved, Source
+from guestfs.engine.limits import EffectiveLimits
+from guestfs.engine.provenance import Resolved
 from guestfs.render.cpu import render_cpu_list, render_cpuinfo
 from guestfs.render.meminfo import render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, cpu_lines, render_stat
 from guestfs.sources.host_proc import HostInfo
+from guestfs.sources.memory_usage import MemoryUsage
+from guestfs.sources.provenance import CGROUP, HOST, Source
 from guestfs.sources.usage_parsers import CpuUsage
 from tests.conftest import fixture_root
 from tests.render_helpers import meminfo_kb

@@ -9,7 +9,7 @@ import pytest
 
 from guestfs.daemon.server import ServerConfig, UnseenReader, ViewServer
 from guestfs.engine.explicit import ExplicitLimits, ExplicitSettings, collect_explicit
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from tests.conftest import fixture_root
 from tests.render_helpers import meminfo_kb
 

@@ -25,7 +25,7 @@ from guestfs.daemon.daemon_status import format_status, read_status
 from guestfs.engine.limits import EffectiveLimits, effective_limits
 from guestfs.render.files import SERVED_FILES, render_file
 from guestfs.sources.host_proc import HostInfoError
-from guestfs.sources.hostroot import HostReadError, HostRoot
+from guestfs.sources.host_root import HostReadError, HostRoot
 from guestfs.sources.proc_cgroup import PidGone
 from guestfs.sources.snapshot import Snapshot, read_snapshot
 from guestfs.system.oneline import one_line

@@ -6,9 +6,10 @@ import json
 from fractions import Fraction
 from typing import Any
 
-from guestfs.engine.limits import EffectiveLimits, MemoryUsage
+from guestfs.engine.limits import EffectiveLimits
 from guestfs.engine.provenance import Candidate, Resolved
 from guestfs.sources.cgroup_files import format_cpu_list
+from guestfs.sources.memory_usage import MemoryUsage
 
 JSON_SCHEMA_VERSION = 1
 

@@ -30,7 +30,7 @@ from guestfs.daemon.mountpoint import (
 from guestfs.daemon.server import ServerConfig, ViewServer
 from guestfs.engine.explicit import ExplicitLimits
 from guestfs.render.files import SERVED_FILES
-from guestfs.sources.hostpin import pin_host_files
+from guestfs.sources.host_pin import pin_host_files
 from guestfs.system import sysmount
 from guestfs.system.oneline import one_line
 from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid

@@ -28,7 +28,7 @@ from guestfs.commands.syscall_view import (
 )
 from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
 from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
-from guestfs.sources.hostroot import pread_all
+from guestfs.sources.host_root import pread_all
 from guestfs.system import sysmount
 from guestfs.system.seccomp_filter import Interception
 from guestfs.system.selfexec import guestfs_argv

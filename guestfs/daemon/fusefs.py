@@ -31,7 +31,7 @@ from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
 from guestfs.daemon.server import UNCACHED, UnseenReader, ViewServer
 from guestfs.render.files import SERVED_FILES
 from guestfs.sources.containerdirs import BadKey, cgroup_exists, path_of_key
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444

@@ -22,9 +22,9 @@ from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.readers import Reader, ReaderIds
 from guestfs.engine.explicit import ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
-from guestfs.render.files import ViewState, render_file, view_tasks
-from guestfs.render.loadavg import SAMPLE_SECONDS, LoadAverage
-from guestfs.sources.hostroot import HostRoot
+from guestfs.render.files import ViewState, render_file
+from guestfs.render.loadavg import SAMPLE_SECONDS
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
 from guestfs.sources.timens import read_boottime_offset
@@ -80,7 +80,7 @@ class _LastingState:
     """What outlives the view cache for one view key (CPU clock, age, load) and the lock
     its renders take."""
 
-    state: ViewState = field(default_factory=ViewState)
+    state: ViewState = field(default_factory=lambda: ViewState(sampled=True))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -313,12 +313,9 @@ class ViewServer:
             view = self._view(key, used)
             entry = self._entry(key)
             with entry.lock:
+                # A re-created container starts again; render_file begins the view's
+                # load at its first read of any file (render.files.view_load).
                 entry.state.follow(view.incarnation)
-                if entry.state.load is None:
-                    # The container's load begins when it is first served (under `run`
-                    # that is its start), not at its first read of /proc/loadavg: a
-                    # monitor that looks after a minute of work must see that minute.
-                    entry.state.load = self._new_load(view)
                 # /proc/stat is rendered per read: its btime follows the reader's time
                 # namespace (guestfs run gives the app the container's boot clock).
                 offset = read_boottime_offset(self.host, pid) if path == "/proc/stat" else 0
@@ -353,14 +350,6 @@ class ViewServer:
             return frozenset(os.listdir("/proc/self/task"))
         except OSError:
             return frozenset()
-
-    def _new_load(self, view: _View) -> LoadAverage:
-        # As the kernel's avenrun: 0 when the container begins, one sample folded in now.
-        load = LoadAverage()
-        tasks = view_tasks(self.host, view.snap, view.lim, view.own_threads, view.memo)
-        if tasks is not None:
-            load.sample(tasks.running + tasks.blocked)
-        return load
 
     # ------------------------------------------------------------ loadavg sampler
 

@@ -27,13 +27,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from guestfs.engine.provenance import DOWNWARD_API, ENV, OPTION, Candidate, Source
+from guestfs.engine.provenance import Candidate
 from guestfs.engine.quantity import (
     in_range,
     parse_cpu_quantity,
     parse_memory_quantity,
     parse_quantity,
 )
+from guestfs.sources.provenance import DOWNWARD_API, ENV, OPTION, Source
 
 ENV_MEMORY = "GUESTFS_MEMORY_LIMIT"
 ENV_CPU = "GUESTFS_CPU_LIMIT"

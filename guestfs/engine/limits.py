@@ -16,25 +16,24 @@ from fractions import Fraction
 from types import MappingProxyType
 
 from guestfs.engine.explicit import ExplicitLimits
-from guestfs.engine.provenance import (
-    CGROUP,
-    CGROUP_HIERARCHICAL,
-    HOST,
-    Candidate,
-    Resolved,
-    Source,
-    pick_min,
-)
+from guestfs.engine.provenance import Candidate, Resolved, pick_min
 from guestfs.sources.cgroup_files import (
     V1_UNLIMITED,
     parse_cfs,
-    parse_counter,
     parse_cpu_list,
     parse_cpu_max,
     parse_flat_keyed,
     parse_limit_bytes,
 )
 from guestfs.sources.host_proc import HostInfo
+from guestfs.sources.memory_usage import (
+    MemoryUsage,
+    host_memory_usage,
+    memory_usage_at,
+    swap_usage_at,
+    swap_usage_name,
+)
+from guestfs.sources.provenance import CGROUP, CGROUP_HIERARCHICAL, HOST, Source
 from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Hierarchy, Level, Snapshot
 
 _ROUNDERS: dict[str, Callable[[Fraction], int]] = {
@@ -43,15 +42,6 @@ _ROUNDERS: dict[str, Callable[[Fraction], int]] = {
     "round": lambda q: math.floor(q + Fraction(1, 2)),  # half up, as GNU nproc does
 }
 ROUNDINGS = tuple(_ROUNDERS)
-
-
-@dataclass(frozen=True)
-class MemoryUsage:
-    """Charge of one cgroup level: memory.current/usage_in_bytes plus its memory.stat."""
-
-    usage: int
-    stat: Mapping[str, int]
-    source: Source
 
 
 @dataclass(frozen=True)
@@ -108,11 +98,7 @@ class EffectiveLimits:
 
 class _Warnings(list[str]):
     def bad_file(self, level: Level, name: str, err: Exception) -> None:
-        self.append(f"{level.file_path(name)}: unparseable ({err}); ignored at this level")
-
-
-def _level_source(level: Level, name: str, note: str | None = None) -> Source:
-    return Source(CGROUP, level.file_path(name), level.cgroup, note)
+        self.append(level.unparseable(name, err))
 
 
 # ---------------------------------------------------------------- memory
@@ -128,7 +114,7 @@ def _byte_limit_candidates(h: Hierarchy, name: str, unlimited_at: int | None,
         text = level.files.get(name)
         if text is None:
             if missing_note is not None:
-                out.append(Candidate(None, _level_source(level, name, missing_note)))
+                out.append(Candidate(None, level.source(name, missing_note)))
             continue
         try:
             value = parse_limit_bytes(text)
@@ -138,7 +124,7 @@ def _byte_limit_candidates(h: Hierarchy, name: str, unlimited_at: int | None,
         note = None
         if value is not None and unlimited_at is not None and value >= unlimited_at:
             value, note = None, unlimited_note
-        out.append(Candidate(value, _level_source(level, name, note)))
+        out.append(Candidate(value, level.source(name, note)))
     return out
 
 
@@ -158,39 +144,6 @@ def _memory_candidates(h: Hierarchy, host_total: int, w: _Warnings) -> list[Cand
     out += _byte_limit_candidates(h, name, host_total, "at/above host RAM: no limit", w,
                                   missing_note="missing: no limit here")
     return out
-
-
-def _read_usage(h: Hierarchy, level: Level, w: _Warnings) -> MemoryUsage | None:
-    name = "memory.current" if h.version == 2 else "memory.usage_in_bytes"
-    text = level.files.get(name)
-    if text is None:
-        w.append(f"{level.file_path(name)}: missing; no usage at this level")
-        return None
-    try:
-        usage = parse_counter(text)
-    except ValueError as e:
-        w.bad_file(level, name, e)
-        return None
-    stat = parse_flat_keyed(level.files.get("memory.stat") or "")
-    return MemoryUsage(usage, MappingProxyType(stat), _level_source(level, name))
-
-
-# memory.stat (v2 names) from the host's own meminfo lines.
-_HOST_STAT_LINES = {"file": "Cached", "active_file": "Active(file)",
-                    "inactive_file": "Inactive(file)", "active_anon": "Active(anon)",
-                    "inactive_anon": "Inactive(anon)", "anon": "AnonPages", "shmem": "Shmem",
-                    "file_mapped": "Mapped", "slab_reclaimable": "SReclaimable"}
-
-
-def _host_usage(snap: Snapshot) -> MemoryUsage | None:
-    """With no memory cgroup in sight (gVisor's sandbox, a host without the controller),
-    the best usage there is: the (sandbox's) own meminfo."""
-    mi = snap.host.meminfo
-    if "MemTotal" not in mi or "MemFree" not in mi:
-        return None
-    stat = {k: mi[line] * 1024 for k, line in _HOST_STAT_LINES.items() if line in mi}
-    return MemoryUsage((mi["MemTotal"] - mi["MemFree"]) * 1024, MappingProxyType(stat),
-                       Source(HOST, "/proc/meminfo", note="MemTotal - MemFree: no memory cgroup"))
 
 
 def _level_of(h: Hierarchy, source: Source) -> Level | None:
@@ -230,11 +183,12 @@ def _resolve_memory(snap: Snapshot, explicit: ExplicitLimits, w: _Warnings
             resolved = Resolved(host_total, host_src, False, tuple(cands))
         else:
             resolved = Resolved(value, cands[best].source, True, tuple(cands))
-    leaf_usage = _read_usage(h, h.leaf, w) if h.leaf is not None else _host_usage(snap)
+    leaf_usage = (memory_usage_at(h, h.leaf, w) if h.leaf is not None
+                  else host_memory_usage(snap.host))
     level = _level_of(h, resolved.source)
     usage = leaf_usage
     if level is not None and level is not h.leaf:
-        usage = _read_usage(h, level, w) or leaf_usage
+        usage = memory_usage_at(h, level, w) or leaf_usage
     return resolved, usage, leaf_usage
 
 
@@ -249,11 +203,8 @@ def _resolve_swap(snap: Snapshot, memory: Resolved[int], w: _Warnings
     if not h.levels:
         return Resolved(host_swap, Source(HOST, "/proc/meminfo", note="SwapTotal"), False), \
             zero_usage
-    if h.version == 2:
-        limit_name, usage_name = "memory.swap.max", "memory.swap.current"
-    else:
-        limit_name, usage_name = "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes"
-    if h.leaf is None or h.leaf.files.get(usage_name) is None:
+    limit_name = "memory.swap.max" if h.version == 2 else "memory.memsw.limit_in_bytes"
+    if h.leaf is None or h.leaf.files.get(swap_usage_name(h)) is None:
         return Resolved(0, none, True), zero_usage
     cands = _byte_limit_candidates(h, limit_name, V1_UNLIMITED if h.version == 1 else None,
                                    "v1's unlimited value", w)
@@ -270,15 +221,10 @@ def _resolve_swap(snap: Snapshot, memory: Resolved[int], w: _Warnings
             swap = Resolved(host_swap, host_src, False, tuple(cands))
         else:
             swap = Resolved(value, cands[best].source, True, tuple(cands))
-    level = _level_of(h, swap.source) or h.leaf
-    try:
-        used = parse_counter(level.files.get(usage_name) or "")
-        if h.version == 1:
-            used -= parse_counter(level.files.get("memory.usage_in_bytes") or "")
-    except ValueError as e:
-        w.bad_file(level, usage_name, e)
+    used = swap_usage_at(h, _level_of(h, swap.source) or h.leaf, w)
+    if used is None:
         return swap, zero_usage
-    return swap, Resolved(max(0, used), _level_source(level, usage_name), True)
+    return swap, Resolved(*used, True)
 
 
 # ---------------------------------------------------------------- cpu
@@ -292,14 +238,14 @@ def _cpu_candidates(h: Hierarchy, w: _Warnings) -> list[Candidate[Fraction]]:
                 if text is None:
                     continue
                 value = parse_cpu_max(text)
-                src = _level_source(level, "cpu.max", text.strip())
+                src = level.source("cpu.max", text.strip())
             else:
                 quota = level.files.get("cpu.cfs_quota_us")
                 period = level.files.get("cpu.cfs_period_us")
                 if quota is None or period is None:
                     continue
                 value = parse_cfs(quota, period)
-                src = _level_source(level, "cpu.cfs_quota_us",
+                src = level.source("cpu.cfs_quota_us",
                                     f"{quota.strip()}/{period.strip()}")
         except ValueError as e:
             w.bad_file(level, "cpu.max" if h.version == 2 else "cpu.cfs_quota_us", e)
@@ -327,7 +273,7 @@ def _resolve_cpuset(snap: Snapshot, w: _Warnings) -> Resolved[tuple[int, ...]]:
                 continue
             visible = tuple(c for c in cpus if c in online) or cpus
             limited = set(visible) != online
-            return Resolved(visible, _level_source(level, name, text.strip()), limited)
+            return Resolved(visible, level.source(name, text.strip()), limited)
     return Resolved(snap.host.online_cpus,
                     Source(HOST, "/sys/devices/system/cpu/online"), False)
 

@@ -17,14 +17,14 @@ from guestfs.render.meminfo import render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, render_stat, shift_btime
 from guestfs.render.uptime import render_uptime
 from guestfs.sources.host_proc import parse_uptime
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import Snapshot
 from guestfs.sources.usage import (
+    io_counters,
+    pressure_text,
     read_container_age,
     read_cpu_usage_now,
-    read_io,
     read_last_pid,
-    read_pressure,
     read_task_counts,
 )
 from guestfs.sources.usage_parsers import ContainerAge, CpuUsage, TaskCounts
@@ -48,13 +48,15 @@ BOUND_BY_DEFAULT = tuple(f for f in SERVED_FILES if f not in PRESSURE_FILES)
 @dataclass
 class ViewState:
     """What persists between reads of one view: its CPU clock (/proc/stat, uptime's idle),
-    when the container began, and the load average the daemon's sampler maintains.
-    `show` starts from a fresh one."""
+    when the container began, and its load average (view_load). `show` starts from a
+    fresh one."""
 
     clock: CpuClock = field(default_factory=CpuClock)
     load: LoadAverage | None = None
     age: ContainerAge | None = None
     incarnation: object = None     # identity of the container's cgroup (set by the daemon)
+    # A sampler (the daemon's) folds the load in every SAMPLE_SECONDS, from the first read.
+    sampled: bool = False
 
     def follow(self, incarnation: object) -> None:
         """A container re-created at the same cgroup path is a new container: its age and
@@ -82,18 +84,14 @@ class RenderContext:
     boot_offset: float = 0.0     # the reader's time namespace boottime offset (timens.py)
 
     def tasks(self) -> TaskCounts | None:
-        return view_tasks(self.host, self.snap, self.lim, self.exclude, self.memo)
-
-
-def view_tasks(host: HostRoot, snap: Snapshot, lim: EffectiveLimits, exclude: frozenset[str],
-               memo: dict[str, object]) -> TaskCounts | None:
-    """The container's thread states, kept in the view's ``memo``. A read of
-    /proc/<tid>/stat per thread of the container: once per view, not per read of /proc/stat
-    or loadavg (a top refreshing every second, a 1,000-thread JVM), nor again for the
-    daemon's first load sample."""
-    if "tasks" not in memo:
-        memo["tasks"] = read_task_counts(host, snap, lim.cpu_cgroup, exclude)
-    return memo["tasks"]  # type: ignore[return-value]
+        """The container's thread states, kept in the view's ``memo``. A read of
+        /proc/<tid>/stat per thread of the container: once per view, not per read of
+        /proc/stat or loadavg (a top refreshing every second, a 1,000-thread JVM), nor
+        again for the load's first sample."""
+        if "tasks" not in self.memo:
+            self.memo["tasks"] = read_task_counts(self.host, self.snap, self.lim.cpu_cgroup,
+                                                  self.exclude)
+        return self.memo["tasks"]  # type: ignore[return-value]
 
 
 def _age_seconds(ctx: RenderContext, up: float) -> float:
@@ -138,13 +136,33 @@ def _uptime(ctx: RenderContext, text: str) -> str:
     return render_uptime(age, ctx.state.clock.idle_seconds)
 
 
+def view_load(ctx: RenderContext) -> LoadAverage | None:
+    """The view's load average; the one place it begins. A sampled view's begins with its
+    first read of any file (under `guestfs run` that is the container's start, so a
+    monitor that looks after a minute of work sees that minute), as the kernel's avenrun:
+    0, with one sample of the running and blocked threads folded in now; the sampler
+    folds in the rest. An unsampled one (`show`) serves that one sample as all three
+    averages, as had the load been constant. None: no threads in sight."""
+    state = ctx.state
+    if state.load is not None:
+        return state.load
+    tasks = ctx.tasks()
+    if not state.sampled:
+        return None if tasks is None else LoadAverage.single_sample(
+            tasks.running + tasks.blocked)
+    state.load = LoadAverage()
+    if tasks is not None:
+        state.load.sample(tasks.running + tasks.blocked)
+    return state.load
+
+
 def _loadavg(ctx: RenderContext, text: str) -> str:
     if not ctx.lim.any_limited:
         return text
     tasks = ctx.tasks()
-    if tasks is None:
+    load = view_load(ctx)
+    if tasks is None or load is None:
         return text
-    load = ctx.state.load or LoadAverage.single_sample(tasks.running + tasks.blocked)
     return render_loadavg(text, load, tasks.running, tasks.total,
                           read_last_pid(ctx.host, ctx.snap, ctx.lim.cpu_cgroup))
 
@@ -152,13 +170,13 @@ def _loadavg(ctx: RenderContext, text: str) -> str:
 def _diskstats(ctx: RenderContext, text: str) -> str:
     if not ctx.lim.any_limited:
         return text
-    return render_diskstats(text, read_io(ctx.snap))
+    return render_diskstats(text, io_counters(ctx.snap))
 
 
 def _pressure(resource: str) -> Callable[[RenderContext, str], str]:
     def render(ctx: RenderContext, text: str) -> str:
         cgroup = {"cpu": ctx.lim.cpu_cgroup, "memory": ctx.lim.memory_cgroup}.get(resource)
-        return read_pressure(ctx.snap, resource, cgroup) or text
+        return pressure_text(ctx.snap, resource, cgroup) or text
     return render
 
 
@@ -183,7 +201,8 @@ def render_file(path: str, host: HostRoot, snap: Snapshot, lim: EffectiveLimits,
     renderer = RENDERERS.get(path)
     if renderer is None:
         raise KeyError(f"not a served file: {path}")
-    text = host.read_text(path)
     ctx = RenderContext(host, snap, lim, state or ViewState(), exclude,
                         memo if memo is not None else {}, boot_offset)
-    return renderer(ctx, text)
+    if ctx.state.sampled:
+        view_load(ctx)   # begun by the first read of any file, even one that fails
+    return renderer(ctx, host.read_text(path))

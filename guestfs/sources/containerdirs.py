@@ -13,7 +13,7 @@ from __future__ import annotations
 from urllib.parse import quote, unquote
 
 from guestfs.sources.cgroup_path import level_paths
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.mountinfo import read_cgroup_mounts
 from guestfs.sources.proc_cgroup import CgroupMembership, parse_proc_cgroup
 

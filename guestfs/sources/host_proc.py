@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from guestfs.sources.cgroup_files import parse_cpu_list
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 
 
 def parse_uptime(text: str) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 

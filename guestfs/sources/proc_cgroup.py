@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from guestfs.sources.hostroot import HostReadError, HostRoot
+from guestfs.sources.host_root import HostReadError, HostRoot
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ from types import MappingProxyType
 
 from guestfs.sources.cgroup_path import leaves_namespace, level_paths, pick_mount
 from guestfs.sources.host_proc import HostInfo, read_host_info
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.mountinfo import CgroupMount, read_cgroup_mounts
 from guestfs.sources.proc_cgroup import CgroupMembership, read_proc_cgroup
+from guestfs.sources.provenance import CGROUP, Source
 
 # Files read at every level, per controller and cgroup version.
 CONTROLLER_FILES: dict[tuple[str, int], tuple[str, ...]] = {
@@ -51,6 +52,14 @@ class Level:
 
     def file_path(self, name: str) -> str:
         return f"{self.directory.rstrip('/')}/{name}"
+
+    def source(self, name: str, note: str | None = None) -> Source:
+        """Where a number read from file ``name`` at this level came from."""
+        return Source(CGROUP, self.file_path(name), self.cgroup, note)
+
+    def unparseable(self, name: str, err: Exception) -> str:
+        """The warning for file ``name`` at this level when it cannot be parsed."""
+        return f"{self.file_path(name)}: unparseable ({err}); ignored at this level"
 
 
 @dataclass(frozen=True)

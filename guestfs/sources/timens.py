@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 
 CLONE_NEWTIME = 0x80
 

@@ -1,7 +1,9 @@
 """What the container is using right now: CPU time, tasks, I/O, pressure, its age.
 
-These are sources, like snapshot.py: plain reads under a HostRoot. The value types and the
-pure parsers are in usage_parsers.py, which the renderers import (never this module).
+These are sources, like snapshot.py: the ``read_*`` functions read under a HostRoot now;
+io_counters and pressure_text only look into the snapshot. Memory and swap usage are in
+memory_usage.py. The value types and the pure parsers are in usage_parsers.py, which the
+renderers import (never this module).
 Usage is read at the cgroup level whose limit applies (the pod slice when the quota sits
 there), so the numbers a tool divides match the limit it sees; the callers name that level
 (EffectiveLimits.cpu_cgroup, .memory_cgroup).
@@ -15,7 +17,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from guestfs.sources.cgroup_files import parse_flat_keyed
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import Hierarchy, Level, Snapshot
 from guestfs.sources.usage_parsers import (
     USER_HZ,
@@ -258,7 +260,7 @@ def read_last_pid(host: HostRoot, snap: Snapshot, cgroup: str | None) -> int | N
 
 # ------------------------------------------------------------------ I/O and pressure
 
-def read_io(snap: Snapshot) -> Mapping[tuple[int, int], IoCounters] | None:
+def io_counters(snap: Snapshot) -> Mapping[tuple[int, int], IoCounters] | None:
     h = snap.hierarchies["blkio"]
     if h.leaf is None:
         return None
@@ -272,7 +274,7 @@ def read_io(snap: Snapshot) -> Mapping[tuple[int, int], IoCounters] | None:
     return MappingProxyType(parse_blkio_recursive(b, n))
 
 
-def read_pressure(snap: Snapshot, resource: str, cgroup: str | None) -> str | None:
+def pressure_text(snap: Snapshot, resource: str, cgroup: str | None) -> str | None:
     """The cgroup's ``<resource>.pressure`` text (v2 only), at level ``cgroup`` (the one
     whose limit applies; the leaf for None); None when there is none or it is malformed."""
     h = snap.hierarchies[PRESSURE_CONTROLLERS[resource]]

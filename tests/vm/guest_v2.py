@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from guestfs.engine.limits import effective_limits
-from guestfs.sources.hostroot import HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import read_snapshot
 from tests.fusemount import mounted
 from tests.lxcfsd import lxcfs_mounted

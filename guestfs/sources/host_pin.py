@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from guestfs.sources.hostroot import HostReadError, HostRoot, pread_all
+from guestfs.sources.host_root import HostReadError, HostRoot, pread_all
 from guestfs.system import sysmount
 
 log = logging.getLogger("guestfs.hostpin")
