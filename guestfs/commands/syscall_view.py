@@ -39,7 +39,7 @@ from guestfs.render.sysinfo import (
     parse_view,
     same_cpus,
 )
-from guestfs.sources.hostroot import pread_all
+from guestfs.sources.host_root import pread_all
 from guestfs.system.seccomp_filter import (
     Arch,
     Interception,
