@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.engine.explicit import MAX_LIMIT_FILE
+from guestfs.sources.limits_dir import MAX_LIMIT_FILE
 from tests.conftest import FIXTURES
 from tests.fusemount import force_unmount
 

@@ -11,19 +11,12 @@ up unless the pod spec says ``divisor: 1m``. Tell guestfs the divisor with
 bare numbers from the environment and the limits directory; a value written with a unit
 (``1500m``, ``512Mi``) means what it says.
 
-A limits-directory file is read defensively: it may be a symlink (the kubelet's atomic
-writer makes ``limits.memory -> ..data/limits.memory``) but only to a file inside the
-directory; it must be a regular file (a FIFO or /dev/zero is refused without blocking),
-at most 4 KiB, UTF-8 text and a quantity. Anything else is an error naming the file, as
-a bad option is: serving no limit because a file was unreadable would be silent and wrong.
+The directory's files are read by guestfs.sources.limits_dir; this module only parses.
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -34,6 +27,12 @@ from guestfs.engine.quantity import (
     parse_memory_quantity,
     parse_quantity,
 )
+from guestfs.sources.limits_dir import (
+    DOWNWARD_CPU_FILE,
+    DOWNWARD_MEMORY_FILE,
+    LimitFileError,
+    read_limits_dir,
+)
 from guestfs.sources.provenance import DOWNWARD_API, ENV, OPTION, Source
 
 ENV_MEMORY = "GUESTFS_MEMORY_LIMIT"
@@ -41,9 +40,6 @@ ENV_CPU = "GUESTFS_CPU_LIMIT"
 ENV_MEMORY_DIVISOR = "GUESTFS_MEMORY_DIVISOR"
 ENV_CPU_DIVISOR = "GUESTFS_CPU_DIVISOR"
 ENV_LIMITS_DIR = "GUESTFS_LIMITS_DIR"
-DOWNWARD_MEMORY_FILE = "limits.memory"
-DOWNWARD_CPU_FILE = "limits.cpu"
-MAX_LIMIT_FILE = 4096  # a quantity is a few bytes; never read more than this
 
 
 class ExplicitLimitError(ValueError):
@@ -98,9 +94,12 @@ def _cpu(text: str, divisor: Fraction, apply_divisor: bool) -> Fraction:
     return parse_cpu_quantity(text)
 
 
-def collect_explicit(settings: ExplicitSettings) -> ExplicitLimits:
+def collect_explicit(settings: ExplicitSettings,
+                     read_dir: Callable[[str], Mapping[str, str] | None] = read_limits_dir
+                     ) -> ExplicitLimits:
     """Parse every explicit source. A bad option, env value or limits-directory file is an
-    error; a missing limits directory or file is not (the pod may set no limit)."""
+    error; a missing limits directory or file is not (the pod may set no limit).
+    ``read_dir`` gives a limits directory's files by name (None: no such directory)."""
     env = settings.env
     mem_div = _divisor(settings.memory_divisor or env.get(ENV_MEMORY_DIVISOR), "memory divisor")
     cpu_div = _divisor(settings.cpu_divisor or env.get(ENV_CPU_DIVISOR), "cpu divisor")
@@ -128,47 +127,15 @@ def collect_explicit(settings: ExplicitSettings) -> ExplicitLimits:
             add(resource, ENV, var, env[var], True)
     limits_dir = settings.limits_dir or env.get(ENV_LIMITS_DIR)
     if limits_dir:
-        if not os.path.isdir(limits_dir):
+        try:
+            files = read_dir(limits_dir)
+        except LimitFileError as e:
+            raise ExplicitLimitError(str(e)) from None
+        if files is None:
             warnings.append(f"limits directory {limits_dir} does not exist; ignored")
         else:
             for resource, name in (("memory", DOWNWARD_MEMORY_FILE), ("cpu", DOWNWARD_CPU_FILE)):
-                path = os.path.join(limits_dir, name)
-                text = read_limit_file(limits_dir, name)
-                if text is not None:
-                    add(resource, DOWNWARD_API, path, text, True)
+                if name in files:
+                    add(resource, DOWNWARD_API, f"{limits_dir.rstrip('/')}/{name}",
+                        files[name], True)
     return ExplicitLimits(tuple(memory), tuple(cpu), tuple(warnings))
-
-
-def read_limit_file(limits_dir: str, name: str) -> str | None:
-    """The text of ``limits_dir/name``; None when there is no such file, ExplicitLimitError
-    when it is anything but a small UTF-8 regular file inside the directory."""
-    path = os.path.join(limits_dir, name)
-    if not os.path.lexists(path):
-        return None
-    real_dir = os.path.realpath(limits_dir)
-    real = os.path.realpath(path)
-    if os.path.commonpath([real_dir, real]) != real_dir:
-        raise ExplicitLimitError(f"{path}: links out of the limits directory (to {real}); "
-                                 "refused")
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: the path was
-        # resolved above, a symlink swapped in since is refused.
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            return None   # a dangling link: the kubelet has not written the file
-        raise ExplicitLimitError(f"{path}: cannot open: {e.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ExplicitLimitError(f"{path}: not a regular file")
-        data = os.read(fd, MAX_LIMIT_FILE + 1)
-    except OSError as e:
-        raise ExplicitLimitError(f"{path}: cannot read: {e.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_LIMIT_FILE:
-        raise ExplicitLimitError(f"{path}: larger than {MAX_LIMIT_FILE} bytes, not a quantity")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ExplicitLimitError(f"{path}: not UTF-8 text") from None
