@@ -31,6 +31,7 @@ from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
 from guestfs.sources.host_root import pread_all
 from guestfs.system import sysmount
 from guestfs.system.seccomp_filter import Interception
+from guestfs.system.seccomp_guard import ListenerGuard
 from guestfs.system.selfexec import guestfs_argv
 
 log = logging.getLogger("guestfs.run")
@@ -171,7 +172,7 @@ class Materialized:
 
 
 def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
-           seccomp: tuple[socket.socket, Interception] | None) -> None:
+           seccomp: tuple[socket.socket, Interception, ListenerGuard] | None) -> None:
     try:
         sysmount.unshare_mount_namespace()
         for src, dst in binds:
@@ -189,14 +190,28 @@ def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
         os._exit(127)
 
 
-def _start_syscall_view(sock: socket.socket, mp: str, what: Interception
-                        ) -> SyscallSupervisor | None:
+def _start_guard(what: Interception) -> ListenerGuard | None:
+    """The guard, started before the app so that the app's child can hand it the
+    listener before anything else (syscall_view.hand_over_listener)."""
+    if not what.any:
+        return None
+    try:
+        return ListenerGuard()
+    except OSError as e:
+        # Without a guard a killed run would leave the app's calls failing: no filter.
+        log.warning("no seccomp guard (%s): sysinfo and the CPU count are left to the "
+                    "kernel", e)
+        return None
+
+
+def _start_syscall_view(sock: socket.socket, mp: str, what: Interception,
+                        guard: ListenerGuard) -> SyscallSupervisor | None:
     listener = take_listener(sock)
     if listener is None:
         return None
     view = ServedView(texts_under(mp))
     view.current()          # a first read before the app's first call
-    return supervise_listener(listener, view, what)
+    return supervise_listener(listener, view, what, guard)
 
 
 def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
@@ -208,7 +223,7 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
     # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
     mount_args = [*mount_args, "--exit-when-unused"]
     users = supervise.join_users(mp)
-    daemon = supervisor = materialized = syscalls = None
+    daemon = supervisor = materialized = syscalls = guard = None
     what = interception_for(sysinfo, affinity)
     try:
         if not is_guestfs_mount(mp):
@@ -222,18 +237,19 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
                         "client): binding regular copies refreshed every second", mp)
             materialized = Materialized(binds)
             binds = materialized.binds
-        pair = socket.socketpair() if what.any else None
+        guard = _start_guard(what)
+        pair = socket.socketpair() if guard is not None else None
         pid = os.fork()
         if pid == 0:
             if pair is not None:
                 pair[0].close()
-            _child(binds, cmd, app, None if pair is None else (pair[1], what))
+            _child(binds, cmd, app, (pair[1], what, guard) if pair and guard else None)
         # First: a Ctrl-C from here on is the app's, not ours.
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
-        if pair is not None:
+        if pair and guard:
             pair[1].close()
-            syscalls = _start_syscall_view(pair[0], mp, what)
+            syscalls = _start_syscall_view(pair[0], mp, what, guard)
         # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
         supervisor = supervise.Supervisor(mp, lambda: start_daemon(mp, mount_args), pid,
                                           None if materialized else binds, daemon)
@@ -246,6 +262,8 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
     finally:
         if syscalls is not None:
             syscalls.stop()
+        elif guard is not None:
+            guard.close()
         if supervisor is not None:
             supervisor.stop()
             daemon = supervisor.daemon  # the one it restarted, if it did

@@ -204,15 +204,18 @@ def make_handlers(arch: Arch, view: ServedView, what: Interception) -> dict[int,
 
 # --------------------------------------------------------------- handing over the listener
 
-def hand_over_listener(sock: socket.socket, what: Interception) -> None:
-    """In the app's child, while it still holds CAP_SYS_ADMIN: install the filter and send
-    the listener to the supervisor, or the reason there is none."""
+def hand_over_listener(sock: socket.socket, what: Interception, guard: ListenerGuard) -> None:
+    """In the app's child, while it still holds CAP_SYS_ADMIN: install the filter, give the
+    guard its copy, and send the listener to the supervisor (or the reason there is
+    none). The guard's copy first: a supervisor killed before it has received the
+    listener would otherwise leave the app's calls failing with ENOSYS."""
     try:
         fd = install_listener(what)
     except SeccompUnavailable as e:
         sock.sendall(f"no:{e.strerror}".encode())
         return
     try:
+        guard.add(fd)
         socket.send_fds(sock, [b"ok"], [fd])
     finally:
         os.close(fd)
@@ -241,13 +244,13 @@ def take_listener(sock: socket.socket, timeout: float = 10.0) -> int | None:
 
 
 class SyscallSupervisor:
-    """The notification loop (a thread of the `guestfs run` process, never the FUSE
-    daemon) and its guard, which continues every call once this process is gone."""
+    """The notification loop: a thread of the `guestfs run` process, never the FUSE
+    daemon. Its guard already holds the listener (hand_over_listener)."""
 
-    def __init__(self, listener: int, handlers: dict[int, Handler]) -> None:
+    def __init__(self, listener: int, handlers: dict[int, Handler],
+                 guard: ListenerGuard) -> None:
         self.listener = listener
-        self.guard = ListenerGuard()
-        self.guard.add(listener)          # first: we may die any moment from now
+        self.guard = guard
         self.loop = NotificationLoop(listener, handlers).start()
 
     def stop(self) -> None:
@@ -257,10 +260,10 @@ class SyscallSupervisor:
             os.close(self.listener)
 
 
-def supervise_listener(listener: int, view: ServedView, what: Interception
-                       ) -> SyscallSupervisor | None:
+def supervise_listener(listener: int, view: ServedView, what: Interception,
+                       guard: ListenerGuard) -> SyscallSupervisor | None:
     arch = this_arch()
     if arch is None:
         os.close(listener)
         return None
-    return SyscallSupervisor(listener, make_handlers(arch, view, what))
+    return SyscallSupervisor(listener, make_handlers(arch, view, what), guard)
