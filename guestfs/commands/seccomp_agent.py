@@ -29,8 +29,6 @@ import queue
 import select
 import signal
 import socket
-import stat
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -44,7 +42,18 @@ from guestfs.commands.syscall_view import (
 from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
 from guestfs.system.seccomp_filter import Arch, this_arch
-from guestfs.system.seccomp_guard import ListenerGuard
+from guestfs.system.seccomp_guard import ListenerGuard, peer_creds
+from guestfs.system.seccomp_keeper import (
+    Kept,
+    SocketError,
+    attach,
+    bind_private,
+    describe,
+    described,
+    owned_private_dir,
+    remove_stale,
+    start_lock,
+)
 from guestfs.system.seccomp_notify import Handler, receive, respond, serve_one
 
 log = logging.getLogger("guestfs.seccomp")
@@ -59,8 +68,7 @@ FIRST_READ_WAIT = 0.5     # seconds the hand-off waits for a container's first r
 _SECCOMP_FD_LINK = "anon_inode:seccomp notify"
 
 
-class AgentError(OSError):
-    pass
+AgentError = SocketError
 
 
 class StateError(ValueError):
@@ -118,52 +126,11 @@ def container_key(pid: int) -> str | None:
 
 # ------------------------------------------------------------------- the listening socket
 
-def _owned_private_dir(d: str) -> None:
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode):
-        raise AgentError(f"{d} is not a directory (a symbolic link?)")
-    if st.st_uid != os.geteuid():
-        raise AgentError(f"{d} belongs to uid {st.st_uid}, not to us")
-    if st.st_mode & 0o077:
-        os.chmod(d, 0o700)     # ours: only root may hand the agent a listener
-
-
-def _remove_stale(path: str) -> None:
-    """Remove a socket no agent listens on; refuse a live one and anything else (a symlink
-    planted there would otherwise have root bind or unlink where it points)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise AgentError(f"{path} exists and is not a socket (a symbolic link or a file?)")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)        # stale: left by an agent that was killed
-        return
-    except OSError:
-        pass
-    finally:
-        probe.close()
-    raise AgentError(f"another seccomp agent listens on {path}")
-
-
 def listen_at(path: str) -> socket.socket:
     path = os.path.abspath(path)
-    _owned_private_dir(os.path.dirname(path))
-    _remove_stale(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)          # no moment where the socket is connectable by others
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    sock.listen(64)
-    return sock
+    owned_private_dir(os.path.dirname(path))
+    remove_stale(path)
+    return bind_private(path)
 
 
 def receive_handoff(conn: socket.socket) -> tuple[bytes, list[int]]:
@@ -200,8 +167,7 @@ def is_listener(fd: int) -> bool:
 
 
 def peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+    return peer_creds(conn)[1]
 
 
 # ------------------------------------------------------------------------ serving
@@ -275,15 +241,27 @@ class Agent:
 
     def add(self, listener: int, state: ProcessState | None) -> None:
         os.set_inheritable(listener, False)
-        if self.guard is not None:
-            self.guard.add(listener)     # first: the agent may die any moment from now
-        handlers: dict[int, Handler] = {}
-        name = "a container of unknown state"
+        name, key = "a container of unknown state", None
         if state is not None:
             name = f"container {state.container_id} (pid {state.pid})"
             key = container_key(state.pid)
-            if key is not None:
-                handlers = self._handlers_for(name, f"{self.source}/{key}")
+        if self.guard is not None:
+            # Before the view is read: the agent may die any moment from now. The guard
+            # keeps what a later agent needs to serve this listener again.
+            self.guard.add(listener, describe(name, key))
+        self._serve_listener(listener, name, key)
+
+    def restore(self, listener: int, meta: bytes) -> None:
+        """A listener the guard kept from an earlier agent (it holds its copy already),
+        served again from the directory it was first served from."""
+        os.set_inheritable(listener, False)
+        name, key = described(meta)
+        self._serve_listener(listener, name, key)
+
+    def _serve_listener(self, listener: int, name: str, key: str | None) -> None:
+        handlers: dict[int, Handler] = {}
+        if key is not None:
+            handlers = self._handlers_for(name, f"{self.source}/{key}")
         if not handlers:
             log.warning("%s: the kernel answers its calls", name)
         else:
@@ -348,15 +326,39 @@ class Agent:
         c.served += 1
 
 
-def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str) -> int:
+def attach_and_listen(socket_path: str, external_guard: bool
+                      ) -> tuple[socket.socket, ListenerGuard, Kept]:
+    """Under the start lock: the guard attached (the listeners it kept handed back), then
+    the runtimes' socket. Two agents starting at once: the second finds the first attached
+    and refuses, before it could ever receive on a listener."""
+    d = os.path.dirname(socket_path)
+    owned_private_dir(d)
+    with start_lock(d):
+        guard, kept = attach(d, wait=external_guard)
+        try:
+            return listen_at(socket_path), guard, kept
+        except BaseException:
+            guard.close()            # the guard continues their calls again
+            for fd, _meta in kept:
+                os.close(fd)
+            raise
+
+
+def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
+                external_guard: bool = False) -> int:
     arch = this_arch()
     if arch is None:
         raise AgentError("no seccomp numbers for this architecture")
     socket_path = os.path.abspath(socket_path)
-    sock = listen_at(socket_path)
+    started = time.monotonic()
+    sock, guard, kept = attach_and_listen(socket_path, external_guard)   # no thread yet
     ident = os.lstat(socket_path).st_ino     # unlinked at exit only if still ours
-    guard = ListenerGuard()       # before any thread starts
     agent = Agent(arch, source, sysinfo, affinity, guard).start()
+    for fd, meta in kept:
+        agent.restore(fd, meta)
+    if kept:
+        log.info("%d listeners taken back from the guard, served again %.3f s after start",
+                 len(kept), time.monotonic() - started)
 
     def stop(_sig: int, _frame: object) -> None:
         raise SystemExit(0)
