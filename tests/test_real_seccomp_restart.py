@@ -43,12 +43,12 @@ def agents(top: Path, source: str) -> Iterator[tuple[object, str]]:
     sock = str(top / "agent" / "agent.sock")
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
-    def start(name: str) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(name: str, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
         log = top / f"{name}.log"
         with open(log, "wb") as err:
             procs.append((subprocess.Popen(
                 [sys.executable, "-m", "guestfs", "seccomp-agent", "--socket", sock,
-                 "--source", source, "-v"], stderr=err), log))
+                 "--source", source, "-v", *extra], stderr=err), log))
         return procs[-1]
 
     try:
@@ -129,3 +129,40 @@ def test_two_agents_started_at_once_one_serves_the_other_refuses():
             out, stderr = proc.communicate(timeout=60)
         assert out.split() == ["131072", "1"], stderr + wlog.read_text()
         assert len(guard_pids(alog, blog)) == 1
+
+
+def test_the_daemonsets_standalone_guard_keeps_listeners_across_agents():
+    """As in the DaemonSet: `guestfs seccomp-guard` runs on its own (the agent, started
+    first with --external-guard, waits for it), outlives an agent's kill -9 and stays
+    when its last container exits; SIGTERM does not stop it."""
+    require_runc()
+    with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
+            agents(top, str(top / "mnt")) as (start, sock):
+        a, alog = start("a", "--external-guard")
+        assert wait_for(lambda: "waiting for the seccomp guard" in alog.read_text(), 10), \
+            alog.read_text()
+        guard = subprocess.Popen([sys.executable, "-m", "guestfs", "seccomp-guard", "--dir",
+                                  str(top / "agent")], stderr=subprocess.PIPE)
+        try:
+            assert wait_for(lambda: serving(a, alog), 10) and a.poll() is None, \
+                alog.read_text()
+            assert guard_pids(alog) == {guard.pid}       # exec'd: the same process
+            b = agent_bundle(top / "b", sock, "read go; " + ROUND * 2 + "true", 512 * MiB,
+                             100000)
+            with containers([b], stdin=subprocess.PIPE) as (proc,):
+                assert pages_and_cpus(proc) == ["131072", "1"], alog.read_text()
+                a.kill()
+                a.wait()
+                b_proc, blog = start("b", "--external-guard")
+                assert wait_for(lambda: "taken back" in blog.read_text(), 20), \
+                    blog.read_text()
+                assert pages_and_cpus(proc) == ["131072", "1"], blog.read_text()
+                proc.stdin.close()                       # type: ignore[union-attr]
+                assert proc.wait(30) == 0
+            guard.terminate()
+            time.sleep(0.5)
+            assert guard.poll() is None and b_proc.poll() is None
+            print(f"standalone guard {guard.pid}: {guard_rss_kib(guard.pid)}")
+        finally:
+            guard.kill()
+            guard.wait()

@@ -183,12 +183,14 @@ def test_the_next_agent_gets_every_listener_back_and_the_guard_stops_receiving()
         os.close(listener)           # the test's copy: only the guard's remains
         guard.close()
         with start_lock(d):
-            second, kept = attach(d, wait=False)
+            kept: list[tuple[int, bytes]] = []
+            second = attach(d, False, kept)
+        assert second is not None
         assert second.pid == guard.pid
         ((fd, meta),) = kept
         assert described(meta) == ("child, kept by the guard", "k1")
         with start_lock(d), pytest.raises(SocketError, match="another seccomp agent"):
-            attach(d, wait=False)
+            attach(d, False, [])
         os.write(go, b"x")
         assert select.select([fd], [], [], 10)[0], "the call never reached the new agent"
         note = receive(fd)           # ours, not the guard's: it has stopped receiving
@@ -212,7 +214,9 @@ def test_an_agent_dying_mid_hand_back_leaves_the_guard_continuing(how):
         s.close()
         assert child_pages(go, out) == os.sysconf("SC_PHYS_PAGES")
         with start_lock(d):
-            again, kept = attach(d, wait=False)     # and it still hands them back
+            kept: list[tuple[int, bytes]] = []
+            again = attach(d, False, kept)      # and it still hands them back
+        assert again is not None
         assert len(kept) == 1 and again.pid == guard.pid and \
             kept[0][1] == describe("child", "k1")
         again.close()

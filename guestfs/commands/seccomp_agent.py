@@ -44,6 +44,7 @@ from guestfs.sources.proc_cgroup import parse_proc_cgroup
 from guestfs.system.seccomp_filter import Arch, this_arch
 from guestfs.system.seccomp_guard import ListenerGuard, peer_creds
 from guestfs.system.seccomp_keeper import (
+    GUARD_POLL,
     Kept,
     SocketError,
     attach,
@@ -330,18 +331,28 @@ def attach_and_listen(socket_path: str, external_guard: bool
                       ) -> tuple[socket.socket, ListenerGuard, Kept]:
     """Under the start lock: the guard attached (the listeners it kept handed back), then
     the runtimes' socket. Two agents starting at once: the second finds the first attached
-    and refuses, before it could ever receive on a listener."""
+    and refuses, before it could ever receive on a listener. ``external_guard``: wait for
+    `guestfs seccomp-guard` (outside the lock, which it takes to bind) instead of
+    starting a guard."""
     d = os.path.dirname(socket_path)
     owned_private_dir(d)
-    with start_lock(d):
-        guard, kept = attach(d, wait=external_guard)
-        try:
-            return listen_at(socket_path), guard, kept
-        except BaseException:
-            guard.close()            # the guard continues their calls again
-            for fd, _meta in kept:
-                os.close(fd)
-            raise
+    kept: Kept = []
+    waiting = False
+    while True:
+        with start_lock(d):
+            guard = attach(d, not external_guard, kept)
+            if guard is not None:
+                try:
+                    return listen_at(socket_path), guard, kept
+                except BaseException:
+                    guard.close()            # the guard continues their calls again
+                    for fd, _meta in kept:
+                        os.close(fd)
+                    raise
+        if not waiting:
+            log.info("waiting for the seccomp guard in %s (guestfs seccomp-guard)", d)
+            waiting = True
+        time.sleep(GUARD_POLL)
 
 
 def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,

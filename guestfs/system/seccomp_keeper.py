@@ -40,6 +40,7 @@ GUARD_SOCKET = "guard.sock"
 START_LOCK = "agent.lock"
 Kept = list[tuple[int, bytes]]      # listener fds and their metadata
 BUSY_WAIT = 2.0      # seconds an agent retries a guard another agent is attached to
+GUARD_POLL = 0.2     # seconds between an --external-guard agent's looks for its guard
 
 
 class SocketError(OSError):
@@ -165,47 +166,42 @@ def receive_handback(sock: socket.socket, kept: Kept) -> bytes:
             return msg
 
 
-def attach(d: str, wait: bool) -> tuple[ListenerGuard, Kept]:
-    """Under start_lock: the guard of ``d``, attached, and the listeners it kept (fds of
-    ours, with their metadata). No guard there: one is started (``wait``: wait for the
-    standalone guard instead). A guard serving another agent: SocketError."""
+def attach(d: str, start: bool, kept: Kept) -> ListenerGuard | None:
+    """Under start_lock: the guard of ``d``, attached, the listeners it kept appended to
+    ``kept`` (fds of ours, with their metadata). No guard there: one is started, or with
+    ``start`` false (the standalone guard's agent) None, and the caller waits outside the
+    lock. A guard another agent is attached to: SocketError."""
     path = os.path.join(d, GUARD_SOCKET)
-    kept: Kept = []
-    waited = False
     busy_until = time.monotonic() + BUSY_WAIT
     while True:
         sock = _connect(path)
-        if sock is not None:
-            held = len(kept)
-            end = receive_handback(sock, kept)
-            if end[:1] == END:
-                guard = ListenerGuard.attached(sock, int(end[1:]) if end[1:].isdigit() else 0)
-                for fd, meta in kept[:held]:   # came from a guard that died mid hand-back
-                    guard.add(fd, meta)
-                return guard, kept
-            sock.close()
-            if end == BUSY and time.monotonic() < busy_until:
-                time.sleep(0.1)          # an agent that is still stopping
-                continue
-            if end == BUSY:
-                raise SocketError(f"another seccomp agent is attached to the guard on "
-                                  f"{path}")
+        if sock is None:
+            break
+        held = len(kept)
+        end = receive_handback(sock, kept)
+        if end[:1] == END:
+            guard = ListenerGuard.attached(sock, int(end[1:]) if end[1:].isdigit() else 0)
+            for fd, meta in kept[:held]:   # came from a guard that died mid hand-back
+                guard.add(fd, meta)
+            return guard
+        sock.close()
+        if end != BUSY:
             log.warning("the seccomp guard broke off its hand-back after %d listeners",
                         len(kept) - held)
-        if wait:
-            if not waited:
-                log.info("waiting for the seccomp guard on %s", path)
-                waited = True
-            time.sleep(0.2)
-            continue
-        keeper = bind_keeper(d)
-        try:
-            guard = ListenerGuard(keeper)
-        finally:
-            keeper.close()             # the guard's copy is the one that listens
-        for fd, meta in kept:
-            guard.add(fd, meta)
-        return guard, kept
+            break
+        if time.monotonic() >= busy_until:
+            raise SocketError(f"another seccomp agent is attached to the guard on {path}")
+        time.sleep(0.1)                  # an agent that is still stopping
+    if not start:
+        return None
+    keeper = bind_keeper(d)
+    try:
+        guard = ListenerGuard(keeper)
+    finally:
+        keeper.close()                   # the guard's copy is the one that listens
+    for fd, meta in kept:
+        guard.add(fd, meta)
+    return guard
 
 
 def exec_standalone_guard(d: str) -> None:
