@@ -42,18 +42,16 @@ from guestfs.commands.syscall_view import (
 from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
 from guestfs.system.seccomp_filter import Arch, this_arch
-from guestfs.system.seccomp_guard import ListenerGuard, peer_creds
+from guestfs.system.seccomp_guard import peer_creds
 from guestfs.system.seccomp_keeper import (
-    GUARD_POLL,
-    Kept,
+    GuardLink,
     SocketError,
-    attach,
+    attach_waiting,
     bind_private,
     describe,
     described,
     owned_private_dir,
     remove_stale,
-    start_lock,
 )
 from guestfs.system.seccomp_notify import Handler, receive, respond, serve_one
 
@@ -186,7 +184,7 @@ class Agent:
     in another, through a queue and a wake-up pipe."""
 
     def __init__(self, arch: Arch, source: str, sysinfo: bool, affinity: str,
-                 guard: ListenerGuard | None) -> None:
+                 guard: GuardLink | None) -> None:
         self.arch = arch
         self.source = source
         self.what = interception_for(sysinfo, affinity)
@@ -256,6 +254,8 @@ class Agent:
         """A listener the guard kept from an earlier agent (it holds its copy already),
         served again from the directory it was first served from."""
         os.set_inheritable(listener, False)
+        if self.guard is not None:      # remembered, for a new guard should this one die
+            self.guard.add(listener, meta, hand_over=False)
         name, key = described(meta)
         self._serve_listener(listener, name, key)
 
@@ -311,7 +311,10 @@ class Agent:
                     # Every process of the filter has exited: the container is gone.
                     poller.unregister(fd)
                     del self.containers[fd]
-                    os.close(fd)
+                    if self.guard is not None:
+                        self.guard.forget(fd)
+                    else:
+                        os.close(fd)
                     log.info("%s exited; %d calls answered", c.name, c.served)
 
     def _answer(self, c: Container) -> None:
@@ -327,34 +330,6 @@ class Agent:
         c.served += 1
 
 
-def attach_and_listen(socket_path: str, external_guard: bool
-                      ) -> tuple[socket.socket, ListenerGuard, Kept]:
-    """Under the start lock: the guard attached (the listeners it kept handed back), then
-    the runtimes' socket. Two agents starting at once: the second finds the first attached
-    and refuses, before it could ever receive on a listener. ``external_guard``: wait for
-    `guestfs seccomp-guard` (outside the lock, which it takes to bind) instead of
-    starting a guard."""
-    d = os.path.dirname(socket_path)
-    owned_private_dir(d)
-    kept: Kept = []
-    waiting = False
-    while True:
-        with start_lock(d):
-            guard = attach(d, not external_guard, kept)
-            if guard is not None:
-                try:
-                    return listen_at(socket_path), guard, kept
-                except BaseException:
-                    guard.close()            # the guard continues their calls again
-                    for fd, _meta in kept:
-                        os.close(fd)
-                    raise
-        if not waiting:
-            log.info("waiting for the seccomp guard in %s (guestfs seccomp-guard)", d)
-            waiting = True
-        time.sleep(GUARD_POLL)
-
-
 def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
                 external_guard: bool = False) -> int:
     arch = this_arch()
@@ -362,9 +337,14 @@ def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
         raise AgentError("no seccomp numbers for this architecture")
     socket_path = os.path.abspath(socket_path)
     started = time.monotonic()
-    sock, guard, kept = attach_and_listen(socket_path, external_guard)   # no thread yet
+    d = os.path.dirname(socket_path)
+    owned_private_dir(d)
+    sock, first, kept = attach_waiting(d, not external_guard,        # before any thread
+                                       lambda: listen_at(socket_path))
     ident = os.lstat(socket_path).st_ino     # unlinked at exit only if still ours
-    agent = Agent(arch, source, sysinfo, affinity, guard).start()
+    agent = Agent(arch, source, sysinfo, affinity, None)
+    guard = agent.guard = GuardLink(first, d, not external_guard, agent.restore)
+    agent.start()
     for fd, meta in kept:
         agent.restore(fd, meta)
     if kept:

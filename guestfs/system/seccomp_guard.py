@@ -120,6 +120,9 @@ class ListenerGuard:
             return False
         return True
 
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
     def close(self) -> None:
         """Hand every listener over: the guard continues their calls from now on."""
         with contextlib.suppress(OSError):

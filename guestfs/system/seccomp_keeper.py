@@ -19,10 +19,13 @@ import fcntl
 import json
 import logging
 import os
+import select
 import socket
 import stat
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from guestfs.system.seccomp_guard import (
     BUSY,
@@ -39,6 +42,7 @@ log = logging.getLogger("guestfs.seccomp")
 GUARD_SOCKET = "guard.sock"
 START_LOCK = "agent.lock"
 Kept = list[tuple[int, bytes]]      # listener fds and their metadata
+T = TypeVar("T")
 BUSY_WAIT = 2.0      # seconds an agent retries a guard another agent is attached to
 GUARD_POLL = 0.2     # seconds between an --external-guard agent's looks for its guard
 
@@ -202,6 +206,96 @@ def attach(d: str, start: bool, kept: Kept) -> ListenerGuard | None:
     for fd, meta in kept:
         guard.add(fd, meta)
     return guard
+
+
+def attach_waiting(d: str, start: bool, then: Callable[[], T]
+                   ) -> tuple[T, ListenerGuard, Kept]:
+    """Under start_lock: attach(), then ``then()`` (the agent binds its runtimes' socket),
+    so two agents starting at once are serialised and the second finds the first attached
+    and refuses before it could ever receive on a listener. Without ``start``, waits for
+    `guestfs seccomp-guard`, outside the lock, which that guard takes to bind."""
+    kept: Kept = []
+    waiting = False
+    while True:
+        with start_lock(d):
+            guard = attach(d, start, kept)
+            if guard is not None:
+                try:
+                    return then(), guard, kept
+                except BaseException:
+                    guard.close()            # the guard continues their calls again
+                    for fd, _meta in kept:
+                        os.close(fd)
+                    raise
+        if not waiting:
+            log.info("waiting for the seccomp guard in %s (guestfs seccomp-guard)", d)
+            waiting = True
+        time.sleep(GUARD_POLL)
+
+
+class GuardLink:
+    """The agent's guard, and every listener the agent holds with its metadata: if the
+    guard dies while the agent lives (killed, its pod deleted), a watcher thread attaches
+    to the next one (starting it, or waiting for the standalone one) and hands it every
+    listener, so the agent's own death later still loses none."""
+
+    def __init__(self, guard: ListenerGuard, d: str, start: bool,
+                 restore: Callable[[int, bytes], None]) -> None:
+        self.guard, self._dir, self._start, self._restore = guard, d, start, restore
+        self._held: dict[int, bytes] = {}
+        self._lock = threading.Lock()        # held and guard change together
+        self._stopping = False
+        threading.Thread(target=self._watch, name="guestfs-guard-watch", daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.guard.pid
+
+    def add(self, listener: int, meta: bytes, hand_over: bool = True) -> None:
+        with self._lock:
+            self._held[listener] = meta
+            if hand_over:
+                self.guard.add(listener, meta)
+
+    def forget(self, listener: int) -> None:
+        """Close a listener whose processes have all exited (under the lock, so the
+        watcher never hands over a closed or reused descriptor)."""
+        with self._lock:
+            self._held.pop(listener, None)
+            os.close(listener)
+
+    def close(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self.guard.close()
+
+    def _watch(self) -> None:  # pragma: no cover - exercised by the real restart tests
+        while True:
+            poller = select.poll()
+            poller.register(self.guard.fileno(), select.POLLIN)
+            poller.poll()                    # the guard sends nothing: any event is its end
+            if self._stopping:
+                return
+            log.warning("the seccomp guard (pid %d) is gone; attaching to a new one",
+                        self.guard.pid)
+            try:
+                _none, guard, kept = attach_waiting(self._dir, self._start, lambda: None)
+            except OSError as e:
+                log.warning("the seccomp guard: %s; retrying", e)
+                time.sleep(1.0)
+                continue
+            with self._lock:
+                if self._stopping:
+                    guard.close()
+                    return
+                self.guard.close()
+                self.guard = guard
+                for listener, meta in self._held.items():
+                    guard.add(listener, meta)
+                log.info("%d listeners handed to the new seccomp guard (pid %d)",
+                         len(self._held), guard.pid)
+            for fd, meta in kept:    # a new guard has none, but whatever it kept is ours
+                self._restore(fd, meta)
 
 
 def exec_standalone_guard(d: str) -> None:
