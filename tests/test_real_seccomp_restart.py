@@ -166,3 +166,37 @@ def test_the_daemonsets_standalone_guard_keeps_listeners_across_agents():
         finally:
             guard.kill()
             guard.wait()
+
+
+def test_a_guard_killed_under_a_living_agent_is_replaced_and_loses_nothing():
+    """kill -9 of the guard while the agent serves: the agent starts a new guard and hands
+    it every listener, so the agent's own kill -9 afterwards still leaves the container
+    with the node's values (not ENOSYS), and the next agent serves it again."""
+    require_runc()
+    host = [subprocess.run(["getconf", "_PHYS_PAGES"], capture_output=True, text=True,
+                           check=True).stdout.strip(), str(len(os.sched_getaffinity(0)))]
+    with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
+            agents(top, str(top / "mnt")) as (start, sock):
+        a, alog = start("a")
+        assert wait_for(lambda: serving(a, alog)) and a.poll() is None, alog.read_text()
+        b = agent_bundle(top / "b", sock, "read go; " + ROUND * 4 + "true", 512 * MiB,
+                         100000)
+        with containers([b], stdin=subprocess.PIPE) as (proc,):
+            assert pages_and_cpus(proc) == ["131072", "1"], alog.read_text()
+            (old,) = guard_pids(alog)
+            os.kill(old, signal.SIGKILL)
+            assert wait_for(lambda: "handed to the new seccomp guard" in alog.read_text(),
+                            10), alog.read_text()
+            assert pages_and_cpus(proc) == ["131072", "1"], alog.read_text()
+            a.kill()
+            a.wait()
+            assert pages_and_cpus(proc) == host, alog.read_text()
+            b_proc, blog = start("b")
+            assert wait_for(lambda: "taken back from the guard" in blog.read_text()
+                            or b_proc.poll() is not None, 20), blog.read_text()
+            assert pages_and_cpus(proc) == ["131072", "1"], blog.read_text()
+            new = guard_pids(blog)
+            assert len(new) == 1 and old not in new and new <= guard_pids(alog), \
+                alog.read_text() + blog.read_text()
+            proc.stdin.close()                       # type: ignore[union-attr]
+            assert proc.wait(30) == 0

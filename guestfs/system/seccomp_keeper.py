@@ -292,7 +292,7 @@ class GuardLink:
                 self.guard = guard
                 for listener, meta in self._held.items():
                     guard.add(listener, meta)
-                log.info("%d listeners handed to the new seccomp guard (pid %d)",
+                log.info("%d listeners handed to the new seccomp guard (guard pid %d)",
                          len(self._held), guard.pid)
             for fd, meta in kept:    # a new guard has none, but whatever it kept is ours
                 self._restore(fd, meta)
