@@ -148,8 +148,10 @@ def test_run_killed_with_sigkill_leaves_calls_working(mp, tmp_path):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
         try:
-            # The app's script runs once the listener has been handed over.
-            assert wait_for(lambda: any(str(go) in " ".join(p.info["cmdline"] or [])
+            # The app's script runs once the listener has been handed over. Its exact
+            # command line: the outer shell's and run's contain the script too, and killing
+            # run before it started the app would test nothing (it failed so under load).
+            assert wait_for(lambda: any(p.info["cmdline"] == ["sh", "-c", script]
                                         for p in psutil.process_iter(["cmdline"])), 30)
             time.sleep(0.5)
             run.kill()                              # the supervisor is gone for good

@@ -102,12 +102,16 @@ class ListenerGuard:
             theirs.close()
         self.pid = proc.pid
         self._sock = ours
+        # A stopped guard's full socket must not block the supervisor (the agent adds
+        # under a lock its serving thread also takes): add() gives up instead.
+        ours.settimeout(HANDBACK_TIMEOUT)
 
     @classmethod
     def attached(cls, sock: socket.socket, pid: int) -> ListenerGuard:
         """The supervisor's end of a keeper's hand-back connection (after b"E")."""
         self = cls.__new__(cls)
         self.pid, self._sock = pid, sock
+        sock.settimeout(HANDBACK_TIMEOUT)
         return self
 
     def add(self, listener: int, meta: bytes = b"") -> bool:
