@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import tempfile
@@ -130,15 +131,16 @@ def guard_with_a_live_listener() -> Iterator[tuple[str, ListenerGuard, int, int,
         if guard is not None:
             guard.close()              # the guard continues: no call of the child waits
         os.close(go_w)                 # the child exits; its listener hangs up
-        os.waitpid(pid, 0)
+        # A failed test may leave a session attached that never answers the child's call.
+        if not wait_for(lambda: os.waitpid(pid, os.WNOHANG)[0] != 0, 5):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         os.close(out_r)
         a.close()
+        shutil.rmtree(d, ignore_errors=True)
         if guard is not None and not wait_for(lambda: not alive(guard.pid), 5):
             os.kill(guard.pid, signal.SIGKILL)
             pytest.fail("the guard outlived its agent and listeners")
-        for name in os.listdir(d):
-            os.unlink(os.path.join(d, name))
-        os.rmdir(d)
 
 
 def child_pages(go: int, out: int) -> int:
