@@ -200,3 +200,50 @@ def test_a_guard_killed_under_a_living_agent_is_replaced_and_loses_nothing():
                 alog.read_text() + blog.read_text()
             proc.stdin.close()                       # type: ignore[union-attr]
             assert proc.wait(30) == 0
+
+
+def test_a_restarted_agent_takes_back_many_listeners_at_once():
+    """60 process trees with a listener each: after agent A's kill -9, agent B gets all
+    60 back in one hand-back and answers every one from its own view."""
+    require_runc()
+    from guestfs.sources.containerdirs import key_of_cgroup_text
+    from tests.test_real_seccomp_agent import handed_off_child
+
+    n = 60
+    with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
+            agents(top, str(top / "mnt")) as (start, sock):
+        a, alog = start("a")
+        assert wait_for(lambda: serving(a, alog)) and a.poll() is None, alog.read_text()
+        with open("/proc/self/cgroup") as f:
+            key = key_of_cgroup_text(f.read())
+        with open(top / "mnt" / str(key) / "proc/meminfo") as f:
+            want = int(f.readline().split()[1]) * 1024 // os.sysconf("SC_PAGE_SIZE")
+        go_r, go_w = os.pipe()
+        out_r, out_w = os.pipe()
+        pids = []
+        try:
+            for _ in range(n):
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover
+                    handed_off_child(sock, go_r, out_w)
+                pids.append(pid)
+            os.close(out_w)
+            assert wait_for(lambda: alog.read_text().count("answering from its own") == n,
+                            30), alog.read_text()[-2000:]
+            a.kill()
+            a.wait()
+            b, blog = start("b")
+            assert wait_for(lambda: "taken back from the guard" in blog.read_text()
+                            or b.poll() is not None, 30), blog.read_text()
+            print(re.findall(r"\d+ listeners taken back.*", blog.read_text()))
+            os.write(go_w, b"x" * n)
+            with os.fdopen(out_r) as results:
+                lines = results.read().splitlines()
+        finally:
+            os.close(go_w)              # children still waiting exit
+            for pid in pids:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            os.close(go_r)
+        assert f"{n} listeners taken back" in blog.read_text()
+        assert [ln.split()[0] for ln in lines] == [str(want)] * n

@@ -133,7 +133,7 @@ class ListenerGuard:
             self._sock.close()
 
 
-class _Guard:  # pragma: no cover - in the guard process (tests run it in a thread too)
+class _Guard:  # pragma: no cover - in the guard process (tests/test_seccomp_guard.py)
     def __init__(self, session: socket.socket | None, keeper: socket.socket | None,
                  stay: bool) -> None:
         self.poller = select.poll()
@@ -150,16 +150,22 @@ class _Guard:  # pragma: no cover - in the guard process (tests run it in a thre
     def run(self) -> None:
         while self.stay or self.session is not None or self.listeners:
             for fd, ev in self.poller.poll():
-                if self.session is not None and fd == self.session.fileno():
-                    self._from_session(ev)
-                elif self.keeper is not None and fd == self.keeper.fileno():
-                    self._accept()
-                elif fd not in self.listeners:
-                    continue              # dropped earlier in this same poll round
-                elif ev & select.POLLIN and self.session is None:
-                    self._continue(fd)
-                elif ev & _DEAD:
-                    self._drop(fd)
+                try:
+                    self._event(fd, ev)
+                except Exception:  # noqa: BLE001 - the guard's death would fail every call
+                    time.sleep(0.01)       # never a busy loop on an error that repeats
+
+    def _event(self, fd: int, ev: int) -> None:
+        if self.session is not None and fd == self.session.fileno():
+            self._from_session(ev)
+        elif self.keeper is not None and fd == self.keeper.fileno():
+            self._accept()
+        elif fd not in self.listeners:
+            return                    # dropped earlier in this same poll round
+        elif ev & select.POLLIN and self.session is None:
+            self._continue(fd)
+        elif ev & _DEAD:
+            self._drop(fd)
 
     def _attach(self, sock: socket.socket) -> None:
         # Event mask 0 while a supervisor answers: hang-ups only.
@@ -229,7 +235,8 @@ class _Guard:  # pragma: no cover - in the guard process (tests run it in a thre
             if e.errno not in (errno.ENOENT, errno.EINTR):
                 self._drop(fd)
             return
-        respond(fd, note.id, cont=True)
+        with contextlib.suppress(OSError):    # the caller gone meanwhile, and the like
+            respond(fd, note.id, cont=True)
 
     def _drop(self, fd: int) -> None:
         with contextlib.suppress(KeyError):
