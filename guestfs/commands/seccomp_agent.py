@@ -17,6 +17,10 @@ into that container, so its files and its system calls agree. One thread answers
 container (a node runs hundreds; calls are rare and answered in tens of microseconds); a
 second accepts hand-offs, so a client that connects and says nothing delays no
 container's calls.
+
+Every listener is also given to a guard (guestfs.system.seccomp_guard) with its
+container's name and key; it continues their calls while no agent runs and hands them
+back to the next agent, which serves them again at start (guestfs.system.seccomp_keeper).
 """
 
 from __future__ import annotations
