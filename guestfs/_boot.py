@@ -12,7 +12,8 @@ The daemon's unmount watcher (guestfs.daemon.privileges) runs it as
 ``python -I -S _boot.py --unmount-watcher FD MOUNTPOINT``: it waits on FD with nothing
 but os and sys imported, since its memory counts in the daemon's container, and loads the
 package only to unmount. The seccomp guard runs it as ``python -I -S _boot.py
---seccomp-guard FD`` for the same reason (guestfs.system.seccomp_guard).
+--seccomp-guard FD [KEEPER_FD]`` (or ``--seccomp-keeper KEEPER_FD``) for the same reason
+(guestfs.system.seccomp_guard).
 """
 
 import os
@@ -20,6 +21,7 @@ import sys
 
 UNMOUNT_WATCHER = "--unmount-watcher"  # as guestfs.system.selfexec.UNMOUNT_WATCHER
 SECCOMP_GUARD = "--seccomp-guard"      # as guestfs.system.selfexec.SECCOMP_GUARD
+SECCOMP_KEEPER = "--seccomp-keeper"    # as guestfs.system.selfexec.SECCOMP_KEEPER
 
 
 def _load_own_package() -> None:
@@ -55,10 +57,13 @@ def unmount_watcher(fd: str, mountpoint: str) -> int:
     return 0
 
 
-def seccomp_guard(sock_fd: str) -> int:
+def seccomp_guard(sock_fd: str, keeper_fd: str | None = None, stay: bool = False) -> int:
     """The guard of seccomp listeners (guestfs.system.seccomp_guard): ignores the signals
     a terminal or a process-group kill sends, then loads the package and keeps every
-    listener it is handed until the supervisor is gone and their processes have exited."""
+    listener it is handed until no supervisor is attached and their processes have
+    exited. ``keeper_fd``: a listening socket on which a later agent takes them back.
+    ``stay`` (--seccomp-keeper KEEPER_FD, the standalone guard of `guestfs seccomp-guard`,
+    a container's main process): no first supervisor, and it never exits on its own."""
     import signal
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -66,13 +71,16 @@ def seccomp_guard(sock_fd: str) -> int:
     _load_own_package()
     from guestfs.system.seccomp_guard import guard_main
 
-    guard_main(int(sock_fd))
+    guard_main(None if stay else int(sock_fd),
+               int(keeper_fd) if keeper_fd is not None else None, stay)
     return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [SECCOMP_GUARD]:
-        raise SystemExit(seccomp_guard(sys.argv[2]))
+        raise SystemExit(seccomp_guard(*sys.argv[2:4]))
+    if sys.argv[1:2] == [SECCOMP_KEEPER]:
+        raise SystemExit(seccomp_guard("", sys.argv[2], stay=True))
     if sys.argv[1:2] == [UNMOUNT_WATCHER]:
         raise SystemExit(unmount_watcher(*sys.argv[2:4]))
     raise SystemExit(main(sys.argv[1:]))

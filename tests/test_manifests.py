@@ -3,6 +3,7 @@ downward-API env names they set are the ones guestfs reads."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import kubernetes_validate
@@ -99,13 +100,90 @@ def test_daemonset_shares_the_nodes_mount_lock_directory():
     spec = pod_spec("daemonset", "daemonset.yaml")
     volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
     # Two daemons: the per-caller mount and the per-container one (the OCI hook's source).
-    assert [c["args"][1] for c in spec["containers"]] == ["/var/lib/guestfs",
-                                                          "/var/lib/guestfs-containers"]
-    assert "--per-container" in spec["containers"][1]["args"]
-    for daemon in spec["containers"]:
+    daemons = [c for c in spec["containers"] if c["args"][0] == "mount"]
+    assert [c["args"][1] for c in daemons] == ["/var/lib/guestfs",
+                                               "/var/lib/guestfs-containers"]
+    assert "--per-container" in daemons[1]["args"]
+    for daemon in daemons:
         mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
         assert any(path == LOCK_DIR and volumes.get(name) == LOCK_DIR
                    for name, path in mounts.items())
         # Each serves its mountpoint to the node: a hostPath of the same path.
         assert volumes.get(next(n for n, p in mounts.items() if p == daemon["args"][1])) \
             == daemon["args"][1]
+
+
+def host_paths(spec: dict, container: dict) -> dict[str, dict]:
+    """mountPath -> the container's volumeMount, with the node path as "node"."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    out = {}
+    for vm in container.get("volumeMounts", []):
+        out[vm["mountPath"]] = dict(vm, node=volumes[vm["name"]].get("hostPath", {}).get("path"))
+    return out
+
+
+def test_daemonset_runs_the_seccomp_agent_on_the_per_container_mount():
+    """The agent's socket is the profile's listenerPath, on the node; it reads the
+    per-container mount the node sees (HostToContainer) in the node's pid namespace; it
+    never starts a guard of its own in its container (--external-guard)."""
+    from guestfs.commands.cli import build_parser
+    from tests.test_real_seccomp_agent import docs_profile
+
+    spec = pod_spec("daemonset", "daemonset.yaml")
+    assert spec["hostPID"] is True
+    (agent,) = [c for c in spec["containers"] if c["args"][0] == "seccomp-agent"]
+    args = build_parser().parse_args(agent["args"])
+    assert (args.socket, args.source, args.external_guard) == \
+        ("/run/guestfs-seccomp/agent.sock", "/var/lib/guestfs-containers", True)
+    assert docs_profile(args.socket)["listenerPath"] == \
+        json.loads(profile_configmap()["data"]["guestfs-notify.json"])["listenerPath"]
+    mounts = host_paths(spec, agent)
+    assert mounts["/run/guestfs-seccomp"]["node"] == "/run/guestfs-seccomp"
+    src = mounts[args.source]
+    assert (src["node"], src["mountPropagation"], src["readOnly"]) == \
+        (args.source, "HostToContainer", True)
+
+
+def profile_configmap() -> dict:
+    (doc,) = documents(K8S / "daemonset" / "seccomp-profile.yaml")
+    return doc
+
+
+def test_the_profile_installed_on_nodes_is_the_documented_one_and_pods_name_it():
+    from tests.test_real_seccomp_agent import docs_profile
+
+    installed = json.loads(profile_configmap()["data"]["guestfs-notify.json"])
+    assert installed == docs_profile("/run/guestfs-seccomp/agent.sock")
+    spec = pod_spec("daemonset", "daemonset.yaml")
+    (init,) = spec["initContainers"]
+    mounts = host_paths(spec, init)
+    assert mounts["/seccomp"]["node"] == "/var/lib/kubelet/seccomp"
+    script = init["command"][-1]
+    assert "/profile/guestfs-notify.json" in script and \
+        script.endswith("/seccomp/guestfs-notify.json")
+    snippet = documents(K8S / "daemonset" / "pod-snippet.yaml")[0]
+    assert snippet["spec"]["securityContext"]["seccompProfile"] == \
+        {"type": "Localhost", "localhostProfile": "guestfs-notify.json"}
+
+
+def test_the_seccomp_guard_outlives_agent_restarts_and_guestfs_upgrades():
+    """A DaemonSet of its own, updated only when its pod is deleted: an upgrade of the
+    guestfs DaemonSet replaces the agent's pod, never the guard's. Unprivileged, never
+    evicted, Guaranteed; its directory is the agent socket's, on the node."""
+    from guestfs.commands.cli import build_parser
+
+    guards = [d for d in documents(K8S / "daemonset" / "daemonset.yaml")
+              if d["metadata"]["name"] == "guestfs-seccomp-guard"]
+    (ds,) = guards
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    (guard,) = spec["containers"]
+    args = build_parser().parse_args(guard["args"])
+    assert args.func.__name__ == "cmd_seccomp_guard" and args.dir == "/run/guestfs-seccomp"
+    assert host_paths(spec, guard)[args.dir]["node"] == args.dir
+    sc = guard["securityContext"]
+    assert not sc.get("privileged") and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False
+    res = guard["resources"]
+    assert res["requests"] == res["limits"]          # Guaranteed: last for the OOM killer

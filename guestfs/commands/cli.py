@@ -166,9 +166,20 @@ def cmd_seccomp_agent(args: argparse.Namespace) -> int:
 
     setup_logging(args.verbose)
     try:
-        return serve_agent(args.socket, args.source, args.sysinfo, args.cpu_affinity)
+        return serve_agent(args.socket, args.source, args.sysinfo, args.cpu_affinity,
+                           args.external_guard)
     except OSError as e:
         raise CliError(f"seccomp-agent: {e}") from e
+
+
+def cmd_seccomp_guard(args: argparse.Namespace) -> int:
+    from guestfs.system.seccomp_keeper import exec_standalone_guard
+
+    try:
+        exec_standalone_guard(os.path.abspath(args.dir))
+    except OSError as e:
+        raise CliError(f"seccomp-guard: {e}") from e
+    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -328,8 +339,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let the kernel answer sysinfo(2)")
     p.add_argument("--cpu-affinity", choices=AFFINITY_MODES, default="view",
                    help="as for run: 'view' (default), 'pin' or 'host'")
+    p.add_argument("--external-guard", action="store_true",
+                   help="wait for the guard `guestfs seccomp-guard` runs (in a pod of its "
+                        "own) instead of starting one")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_seccomp_agent)
+
+    p = sub.add_parser("seccomp-guard", help="keep the seccomp agent's listeners across "
+                                             "its restarts",
+                       description="Hold every seccomp listener the agent of DIR hands over, "
+                                   "pass their calls to the kernel while no agent runs, and "
+                                   "hand them back to the next agent (docs/deploy.md). For a "
+                                   "container of its own; the agent starts one otherwise. "
+                                   "Ignores SIGTERM: it must outlive agents.")
+    p.add_argument("--dir", default="/run/guestfs-seccomp",
+                   help="the agent socket's directory (default /run/guestfs-seccomp)")
+    p.set_defaults(func=cmd_seccomp_guard)
     return parser
 
 

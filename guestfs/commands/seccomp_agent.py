@@ -17,6 +17,10 @@ into that container, so its files and its system calls agree. One thread answers
 container (a node runs hundreds; calls are rare and answered in tens of microseconds); a
 second accepts hand-offs, so a client that connects and says nothing delays no
 container's calls.
+
+Every listener is also given to a guard (guestfs.system.seccomp_guard) with its
+container's name and key; it continues their calls while no agent runs and hands them
+back to the next agent, which serves them again at start (guestfs.system.seccomp_keeper).
 """
 
 from __future__ import annotations
@@ -29,8 +33,6 @@ import queue
 import select
 import signal
 import socket
-import stat
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -44,7 +46,17 @@ from guestfs.commands.syscall_view import (
 from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
 from guestfs.system.seccomp_filter import Arch, this_arch
-from guestfs.system.seccomp_guard import ListenerGuard
+from guestfs.system.seccomp_guard import peer_creds
+from guestfs.system.seccomp_keeper import (
+    GuardLink,
+    SocketError,
+    attach_waiting,
+    bind_private,
+    describe,
+    described,
+    owned_private_dir,
+    remove_stale,
+)
 from guestfs.system.seccomp_notify import Handler, receive, respond, serve_one
 
 log = logging.getLogger("guestfs.seccomp")
@@ -59,8 +71,7 @@ FIRST_READ_WAIT = 0.5     # seconds the hand-off waits for a container's first r
 _SECCOMP_FD_LINK = "anon_inode:seccomp notify"
 
 
-class AgentError(OSError):
-    pass
+AgentError = SocketError
 
 
 class StateError(ValueError):
@@ -118,52 +129,11 @@ def container_key(pid: int) -> str | None:
 
 # ------------------------------------------------------------------- the listening socket
 
-def _owned_private_dir(d: str) -> None:
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode):
-        raise AgentError(f"{d} is not a directory (a symbolic link?)")
-    if st.st_uid != os.geteuid():
-        raise AgentError(f"{d} belongs to uid {st.st_uid}, not to us")
-    if st.st_mode & 0o077:
-        os.chmod(d, 0o700)     # ours: only root may hand the agent a listener
-
-
-def _remove_stale(path: str) -> None:
-    """Remove a socket no agent listens on; refuse a live one and anything else (a symlink
-    planted there would otherwise have root bind or unlink where it points)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise AgentError(f"{path} exists and is not a socket (a symbolic link or a file?)")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)        # stale: left by an agent that was killed
-        return
-    except OSError:
-        pass
-    finally:
-        probe.close()
-    raise AgentError(f"another seccomp agent listens on {path}")
-
-
 def listen_at(path: str) -> socket.socket:
     path = os.path.abspath(path)
-    _owned_private_dir(os.path.dirname(path))
-    _remove_stale(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)          # no moment where the socket is connectable by others
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    sock.listen(64)
-    return sock
+    owned_private_dir(os.path.dirname(path))
+    remove_stale(path)
+    return bind_private(path)
 
 
 def receive_handoff(conn: socket.socket) -> tuple[bytes, list[int]]:
@@ -200,8 +170,7 @@ def is_listener(fd: int) -> bool:
 
 
 def peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+    return peer_creds(conn)[1]
 
 
 # ------------------------------------------------------------------------ serving
@@ -219,7 +188,7 @@ class Agent:
     in another, through a queue and a wake-up pipe."""
 
     def __init__(self, arch: Arch, source: str, sysinfo: bool, affinity: str,
-                 guard: ListenerGuard | None) -> None:
+                 guard: GuardLink | None) -> None:
         self.arch = arch
         self.source = source
         self.what = interception_for(sysinfo, affinity)
@@ -275,15 +244,29 @@ class Agent:
 
     def add(self, listener: int, state: ProcessState | None) -> None:
         os.set_inheritable(listener, False)
-        if self.guard is not None:
-            self.guard.add(listener)     # first: the agent may die any moment from now
-        handlers: dict[int, Handler] = {}
-        name = "a container of unknown state"
+        name, key = "a container of unknown state", None
         if state is not None:
             name = f"container {state.container_id} (pid {state.pid})"
             key = container_key(state.pid)
-            if key is not None:
-                handlers = self._handlers_for(name, f"{self.source}/{key}")
+        if self.guard is not None:
+            # Before the view is read: the agent may die any moment from now. The guard
+            # keeps what a later agent needs to serve this listener again.
+            self.guard.add(listener, describe(name, key))
+        self._serve_listener(listener, name, key)
+
+    def restore(self, listener: int, meta: bytes) -> None:
+        """A listener the guard kept from an earlier agent (it holds its copy already),
+        served again from the directory it was first served from."""
+        os.set_inheritable(listener, False)
+        if self.guard is not None:      # remembered, for a new guard should this one die
+            self.guard.add(listener, meta, hand_over=False)
+        name, key = described(meta)
+        self._serve_listener(listener, name, key)
+
+    def _serve_listener(self, listener: int, name: str, key: str | None) -> None:
+        handlers: dict[int, Handler] = {}
+        if key is not None:
+            handlers = self._handlers_for(name, f"{self.source}/{key}")
         if not handlers:
             log.warning("%s: the kernel answers its calls", name)
         else:
@@ -332,7 +315,10 @@ class Agent:
                     # Every process of the filter has exited: the container is gone.
                     poller.unregister(fd)
                     del self.containers[fd]
-                    os.close(fd)
+                    if self.guard is not None:
+                        self.guard.forget(fd)
+                    else:
+                        os.close(fd)
                     log.info("%s exited; %d calls answered", c.name, c.served)
 
     def _answer(self, c: Container) -> None:
@@ -348,15 +334,26 @@ class Agent:
         c.served += 1
 
 
-def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str) -> int:
+def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
+                external_guard: bool = False) -> int:
     arch = this_arch()
     if arch is None:
         raise AgentError("no seccomp numbers for this architecture")
     socket_path = os.path.abspath(socket_path)
-    sock = listen_at(socket_path)
+    started = time.monotonic()
+    d = os.path.dirname(socket_path)
+    owned_private_dir(d)
+    sock, first, kept = attach_waiting(d, not external_guard,        # before any thread
+                                       lambda: listen_at(socket_path))
     ident = os.lstat(socket_path).st_ino     # unlinked at exit only if still ours
-    guard = ListenerGuard()       # before any thread starts
-    agent = Agent(arch, source, sysinfo, affinity, guard).start()
+    agent = Agent(arch, source, sysinfo, affinity, None)
+    guard = agent.guard = GuardLink(first, d, not external_guard, agent.restore)
+    agent.start()
+    for fd, meta in kept:
+        agent.restore(fd, meta)
+    if kept:
+        log.info("%d listeners taken back from the guard, served again %.3f s after start",
+                 len(kept), time.monotonic() - started)
 
     def stop(_sig: int, _frame: object) -> None:
         raise SystemExit(0)

@@ -14,6 +14,7 @@ BOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # _boot.py imports nothing of the package before it has to).
 UNMOUNT_WATCHER = "--unmount-watcher"
 SECCOMP_GUARD = "--seccomp-guard"
+SECCOMP_KEEPER = "--seccomp-keeper"
 
 
 class SelfExecError(RuntimeError):
@@ -33,7 +34,8 @@ def guestfs_argv(args: list[str]) -> list[str]:
 
 
 def helper_argv(mode: str, *args: str) -> list[str]:
-    """A small helper of _boot.py's (UNMOUNT_WATCHER, SECCOMP_GUARD): without site (-S),
+    """A small helper of _boot.py's (UNMOUNT_WATCHER, SECCOMP_GUARD, SECCOMP_KEEPER): without
+    site (-S),
     so it waits with little more than the interpreter in memory."""
     return [interpreter(), "-I", "-S", BOOT, mode, *args]
 
