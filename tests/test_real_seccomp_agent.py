@@ -339,6 +339,8 @@ def test_one_agent_serves_many_listeners_and_drops_each_when_its_processes_exit(
             os.close(go_w)
         assert len(lines) == n
         assert {ln.split()[0] for ln in lines} == {str(want_pages)}
-        assert wait_for(lambda: (fd_count(agent.pid), fd_count(guard)) == base, 10), \
-            (base, fd_count(agent.pid), fd_count(guard))
+        # No more than before the 60 (the guard may have closed a transient one of its
+        # own since the count was taken: a full run saw 6 before and 5 after).
+        assert wait_for(lambda: fd_count(agent.pid) <= base[0] and fd_count(guard) <= base[1],
+                        10), (base, fd_count(agent.pid), fd_count(guard))
         assert log.read_text().count("calls answered") == n
