@@ -300,43 +300,58 @@ def handed_off_child(sock: str, go: int, out: int) -> None:  # pragma: no cover 
         os._exit(0)
 
 
+def own_view_pages(mnt: Path) -> int:
+    """_PHYS_PAGES in this test process's own directory of the per-container mount."""
+    from guestfs.sources.containerdirs import key_of_cgroup_text
+
+    with open("/proc/self/cgroup") as f:
+        key = key_of_cgroup_text(f.read())
+    with open(mnt / str(key) / "proc/meminfo") as f:
+        return int(f.readline().split()[1]) * 1024 // os.sysconf("SC_PAGE_SIZE")
+
+
+@contextlib.contextmanager
+def handed_off_children(sock: str, n: int) -> Iterator[tuple[int, int]]:
+    """``n`` forked children, each handing a listener of its own to the agent at ``sock``
+    and waiting: yields (go, out); a byte written to ``go`` lets one report a line on
+    ``out``. Closing ``go`` ends those still waiting; every child is reaped."""
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pids = []
+    try:
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover
+                handed_off_child(sock, go_r, out_w)
+            pids.append(pid)
+        os.close(out_w)
+        yield go_w, out_r
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(go_w)
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        os.close(go_r)
+
+
 def test_one_agent_serves_many_listeners_and_drops_each_when_its_processes_exit():
     """60 process trees with a listener each, answered by the agent's one thread; once
     they exit, neither the agent nor its guard keeps a descriptor for them."""
     require_runc()
-    from guestfs.sources.containerdirs import key_of_cgroup_text
-
     n = 60
     with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
             agent_running(top, str(top / "mnt")) as (agent, sock, log):
         guard = guard_pid(log)
         assert guard is not None
         base = fd_count(agent.pid), fd_count(guard)
-        with open("/proc/self/cgroup") as f:
-            key = key_of_cgroup_text(f.read())
-        with open(top / "mnt" / str(key) / "proc/meminfo") as f:
-            want_pages = int(f.readline().split()[1]) * 1024 // os.sysconf("SC_PAGE_SIZE")
-        go_r, go_w = os.pipe()
-        out_r, out_w = os.pipe()
-        pids = []
-        try:
-            for _ in range(n):
-                pid = os.fork()
-                if pid == 0:  # pragma: no cover
-                    handed_off_child(sock, go_r, out_w)
-                pids.append(pid)
-            os.close(out_w)
+        want_pages = own_view_pages(top / "mnt")
+        with handed_off_children(sock, n) as (go, out):
             assert wait_for(lambda: log.read_text().count("answering from its own") == n,
                             30), log.read_text()[-2000:]
-            os.write(go_w, b"x" * n)
-            with os.fdopen(out_r) as results:
+            os.write(go, b"x" * n)
+            with os.fdopen(out) as results:
                 lines = results.read().splitlines()
-        finally:
-            for pid in pids:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-            os.close(go_r)
-            os.close(go_w)
         assert len(lines) == n
         assert {ln.split()[0] for ln in lines} == {str(want_pages)}
         # No more than before the 60 (the guard may have closed a transient one of its

@@ -24,6 +24,8 @@ from tests.test_real_seccomp_agent import (
     alive,
     containers,
     guard_rss_kib,
+    handed_off_children,
+    own_view_pages,
     require_runc,
     workdir,
 )
@@ -78,11 +80,17 @@ def pages_and_cpus(proc: subprocess.Popen[str]) -> list[str]:
 ROUND = "getconf _PHYS_PAGES; nproc; read go; "
 
 
+def host_answers() -> list[str]:
+    """What the node itself answers ROUND's two questions with."""
+    pages = subprocess.run(["getconf", "_PHYS_PAGES"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    return [pages, str(len(os.sched_getaffinity(0)))]
+
+
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
 def test_a_restarted_agent_serves_the_running_container_again(stop):
     require_runc()
-    host = [subprocess.run(["getconf", "_PHYS_PAGES"], capture_output=True, text=True,
-                           check=True).stdout.strip(), str(len(os.sched_getaffinity(0)))]
+    host = host_answers()
     with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
             agents(top, str(top / "mnt")) as (start, sock):
         a, alog = start("a")
@@ -173,8 +181,7 @@ def test_a_guard_killed_under_a_living_agent_is_replaced_and_loses_nothing():
     it every listener, so the agent's own kill -9 afterwards still leaves the container
     with the node's values (not ENOSYS), and the next agent serves it again."""
     require_runc()
-    host = [subprocess.run(["getconf", "_PHYS_PAGES"], capture_output=True, text=True,
-                           check=True).stdout.strip(), str(len(os.sched_getaffinity(0)))]
+    host = host_answers()
     with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
             agents(top, str(top / "mnt")) as (start, sock):
         a, alog = start("a")
@@ -206,28 +213,13 @@ def test_a_restarted_agent_takes_back_many_listeners_at_once():
     """60 process trees with a listener each: after agent A's kill -9, agent B gets all
     60 back in one hand-back and answers every one from its own view."""
     require_runc()
-    from guestfs.sources.containerdirs import key_of_cgroup_text
-    from tests.test_real_seccomp_agent import handed_off_child
-
     n = 60
     with workdir() as top, mounted(str(top / "mnt"), "--per-container"), \
             agents(top, str(top / "mnt")) as (start, sock):
         a, alog = start("a")
         assert wait_for(lambda: serving(a, alog)) and a.poll() is None, alog.read_text()
-        with open("/proc/self/cgroup") as f:
-            key = key_of_cgroup_text(f.read())
-        with open(top / "mnt" / str(key) / "proc/meminfo") as f:
-            want = int(f.readline().split()[1]) * 1024 // os.sysconf("SC_PAGE_SIZE")
-        go_r, go_w = os.pipe()
-        out_r, out_w = os.pipe()
-        pids = []
-        try:
-            for _ in range(n):
-                pid = os.fork()
-                if pid == 0:  # pragma: no cover
-                    handed_off_child(sock, go_r, out_w)
-                pids.append(pid)
-            os.close(out_w)
+        want = own_view_pages(top / "mnt")
+        with handed_off_children(sock, n) as (go, out):
             assert wait_for(lambda: alog.read_text().count("answering from its own") == n,
                             30), alog.read_text()[-2000:]
             a.kill()
@@ -236,14 +228,8 @@ def test_a_restarted_agent_takes_back_many_listeners_at_once():
             assert wait_for(lambda: "taken back from the guard" in blog.read_text()
                             or b.poll() is not None, 30), blog.read_text()
             print(re.findall(r"\d+ listeners taken back.*", blog.read_text()))
-            os.write(go_w, b"x" * n)
-            with os.fdopen(out_r) as results:
+            os.write(go, b"x" * n)
+            with os.fdopen(out) as results:
                 lines = results.read().splitlines()
-        finally:
-            os.close(go_w)              # children still waiting exit
-            for pid in pids:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-            os.close(go_r)
         assert f"{n} listeners taken back" in blog.read_text()
         assert [ln.split()[0] for ln in lines] == [str(want)] * n
