@@ -16,7 +16,7 @@ POD = "kubepods-burstable-poda5d4fbc7_30d6_43e8_8425_8ee6f401decc.slice"
 CID = "a991eb3b64a228cb0b269925127c28cb39d482d27c6248540e0e3b41633a907e"
 
 
-def test_seed_000_leaf_max_under_512mi_pod_slice():
+def test_leaf_max_under_512mi_pod_slice():
     lim = limits_of(fixture_root("k8s-systemd-v2-burstable"))
     pod = f"/kubepods.slice/kubepods-burstable.slice/{POD}"
     # The scope says max; the pod slice says 536870912 = 512Mi and "100000 100000" = 1 CPU.
@@ -67,7 +67,7 @@ def test_cgroupfs_driver_v1_joined_cpu_cpuacct():
 
 
 @pytest.mark.parametrize("rounding,count", [("ceil", 2), ("floor", 1), ("round", 2)])
-def test_seed_004_minikube_nested_150000_quota(rounding, count):
+def test_minikube_nested_150000_quota(rounding, count):
     lim = limits_of(fixture_root("minikube-nested-v2"), rounding=rounding)
     # 600M on the container and its pod (a tie goes to the pod slice, whose usage
     # contains the container's); 1.5 CPUs.
@@ -106,7 +106,7 @@ def test_docker_v1_limit_on_invisible_parent_comes_from_hierarchical_memory_limi
     assert lim.swap.value == 0
 
 
-def test_seed_002_dotdot_path_falls_back_without_crashing():
+def test_dotdot_path_falls_back_without_crashing():
     root = fixture_root("sandbox-outside-ns")
     lim = limits_of(root, pid="274")
     assert lim.memory.value == 16381756 * 1024 and not lim.memory.limited

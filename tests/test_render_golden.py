@@ -23,7 +23,7 @@ def host(name: str, path: str) -> str:
     return (fixture_root(name) / path.lstrip("/")).read_text()
 
 
-def test_meminfo_v2_seed_000(burstable):
+def test_meminfo_v2_k8s_systemd_burstable(burstable):
     text = burstable["/proc/meminfo"]
     # Kernel format: "Name:" padded to 16, value right-aligned to 8, " kB".
     assert text.startswith("MemTotal:         524288 kB\nMemFree:          217088 kB\n")

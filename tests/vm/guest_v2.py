@@ -101,7 +101,7 @@ def view(cg_dir: str, root: str) -> tuple[dict[str, int], int, str]:
     return meminfo_kb(mem), cpus, online
 
 
-def test_seed_000_pod_slice_limit_reaches_the_scope():
+def test_pod_slice_limit_reaches_the_scope():
     files = {POD: {"memory.max": "536870912", "cpu.max": "100000 100000"}}
     with cgroup_tree(SCOPE, files) as scope:
         with open(f"{scope}/memory.max") as f:
@@ -118,7 +118,7 @@ def test_seed_000_pod_slice_limit_reaches_the_scope():
         assert lim.cpu_count.value == 1
         mem, cpus, online = view(scope, GFS)
         lx_mem, lx_cpus, lx_online = view(scope, LXCFS)
-    record("seed_000", guestfs={"MemTotal": mem["MemTotal"], "cpus": cpus, "online": online},
+    record("pod_slice_limit", guestfs={"MemTotal": mem["MemTotal"], "cpus": cpus, "online": online},
            lxcfs={"MemTotal": lx_mem["MemTotal"], "cpus": lx_cpus, "online": lx_online})
     assert mem["MemTotal"] == 524288 and cpus == 1 and online == "0"
 
