@@ -28,7 +28,7 @@ from guestfs.commands.syscall_view import (
 )
 from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
 from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
-from guestfs.sources.host_root import pread_all
+from guestfs.sources.host_root import pread_path
 from guestfs.system import sysmount
 from guestfs.system.seccomp_filter import Interception
 from guestfs.system.seccomp_guard import ListenerGuard
@@ -121,14 +121,6 @@ def rereads_after_lseek(path: str) -> bool:
     return bool(first) and bool(again)
 
 
-def read_with_pread(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return pread_all(fd)
-    finally:
-        os.close(fd)
-
-
 class Materialized:
     """The served files as regular files in a private directory, refreshed in place every
     ``interval`` seconds from the mount (with pread, which such clients do forward). For
@@ -150,7 +142,7 @@ class Materialized:
     def refresh(self) -> None:
         for dst, guest in self.binds:
             try:
-                data = read_with_pread(self.sources[guest])
+                data = pread_path(self.sources[guest])
             except OSError as e:
                 log.warning("refreshing %s: %s", guest, e)
                 continue

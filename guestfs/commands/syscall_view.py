@@ -39,7 +39,7 @@ from guestfs.render.sysinfo import (
     parse_view,
     same_cpus,
 )
-from guestfs.sources.host_root import pread_all
+from guestfs.sources.host_root import pread_path
 from guestfs.system.seccomp_filter import (
     Arch,
     Interception,
@@ -126,14 +126,7 @@ def texts_under(mp: str) -> Callable[[], dict[str, str]]:
     """The view's files as served at mountpoint ``mp`` (read with pread, which every FUSE
     client forwards)."""
     def read() -> dict[str, str]:
-        out = {}
-        for path in VIEW_FILES:
-            fd = os.open(mp + path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                out[path] = pread_all(fd).decode("ascii", "replace")
-            finally:
-                os.close(fd)
-        return out
+        return {path: pread_path(mp + path).decode("ascii", "replace") for path in VIEW_FILES}
     return read
 
 

@@ -14,6 +14,9 @@ import math
 import struct
 from dataclasses import dataclass
 
+from guestfs.sources.cgroup_files import parse_cpu_list
+from guestfs.sources.host_proc import parse_meminfo, parse_uptime
+
 # LP64 layout (x86-64, arm64): long uptime; unsigned long loads[3]; unsigned long totalram,
 # freeram, sharedram, bufferram, totalswap, freeswap; unsigned short procs (+6 padding);
 # unsigned long totalhigh, freehigh; unsigned int mem_unit; char _f[0] (+4 padding).
@@ -38,27 +41,17 @@ class SysinfoView:
     procs: int                      # threads, /proc/loadavg's "running/TOTAL"
 
 
-def _meminfo_bytes(meminfo: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in meminfo.splitlines():
-        key, _, rest = line.partition(":")
-        fields = rest.split()
-        if fields and fields[0].isdigit():
-            out[key] = int(fields[0]) * (1024 if fields[1:2] == ["kB"] else 1)
-    return out
-
-
 def parse_view(meminfo: str, loadavg: str, uptime: str) -> SysinfoView:
     try:
-        mem = _meminfo_bytes(meminfo)
+        kb = parse_meminfo(meminfo)           # the lines sysinfo uses are all in kB
         la = loadavg.split()
         total_threads = int(la[3].split("/")[1])
         view = SysinfoView(
-            uptime=float(uptime.split()[0]),
+            uptime=parse_uptime(uptime),
             loads=(float(la[0]), float(la[1]), float(la[2])),
-            total_ram=mem["MemTotal"], free_ram=mem["MemFree"],
-            shared_ram=mem.get("Shmem", 0), buffer_ram=mem.get("Buffers", 0),
-            total_swap=mem.get("SwapTotal", 0), free_swap=mem.get("SwapFree", 0),
+            total_ram=kb["MemTotal"] * 1024, free_ram=kb["MemFree"] * 1024,
+            shared_ram=kb.get("Shmem", 0) * 1024, buffer_ram=kb.get("Buffers", 0) * 1024,
+            total_swap=kb.get("SwapTotal", 0) * 1024, free_swap=kb.get("SwapFree", 0) * 1024,
             procs=total_threads)
     except (KeyError, IndexError, ValueError) as e:
         raise ViewTextError(f"served files do not parse: {e!r}") from e
@@ -84,12 +77,10 @@ def pack_sysinfo(view: SysinfoView, elapsed: float = 0.0) -> bytes:
 
 def cpu_count_of(online: str) -> int:
     """CPUs in a cpu list such as /sys/devices/system/cpu/online ("0-3,6")."""
-    n = 0
-    for part in online.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        n += int(hi or lo) - int(lo) + 1
+    try:
+        n = len(parse_cpu_list(online))
+    except ValueError as e:
+        raise ViewTextError(f"bad cpu list {online!r}: {e}") from e
     if n <= 0:
         raise ViewTextError(f"empty cpu list {online!r}")
     return n

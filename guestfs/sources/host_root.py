@@ -25,6 +25,16 @@ def pread_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def pread_path(path: str) -> bytes:
+    """Everything in the file at ``path``, read with pread (what every FUSE client
+    forwards, gVisor's included)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return pread_all(fd)
+    finally:
+        os.close(fd)
+
+
 class HostReadError(OSError):
     """A host file could not be read; carries the host path for the message."""
 

@@ -201,7 +201,6 @@ class NotificationLoop:
     def __init__(self, listener: int, handlers: Mapping[int, Handler]) -> None:
         self.listener = listener
         self.handlers = handlers
-        self.served = 0
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._loop, name="guestfs-seccomp", daemon=True)
 
@@ -228,7 +227,6 @@ class NotificationLoop:
                         return
                     continue
                 serve_one(self.listener, note, self.handlers)
-                self.served += 1
             elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                 return
 
@@ -239,6 +237,3 @@ class NotificationLoop:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
