@@ -18,6 +18,7 @@ from guestfs.commands.options import (
     add_mount_options,
     add_run_privilege_options,
     explicit_from_args,
+    explicit_rereader,
     mount_argv,
     seconds,
 )
@@ -101,12 +102,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.per_container and args.cgroup:
         raise CliError("mount: --per-container serves every container's cgroup; it takes "
                        "no --cgroup")
-    explicit, rounding = explicit_from_args(args, dict(os.environ))
+    env = dict(os.environ)
+    explicit, rounding = explicit_from_args(args, env)
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
                         rounding, args.fuse_binding, args.allow_other, args.daemon,
                         args.pid_file, args.log_file,
                         exit_when_unused=args.exit_when_unused,
-                        per_container=args.per_container)
+                        per_container=args.per_container,
+                        reread_explicit=explicit_rereader(args, env))
     try:
         return serve(opts)
     except (MountError, BindingError, OSError) as e:

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from guestfs.commands import mountlock
@@ -56,6 +57,7 @@ class MountOptions:
     log_file: str | None = None
     exit_when_unused: bool = False
     per_container: bool = False
+    reread_explicit: Callable[[], ExplicitLimits] | None = None
 
 
 def _read_own(mp: str, name: str) -> bytes | None:
@@ -216,7 +218,8 @@ def serve(opts: MountOptions) -> int:
     unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     host = pin_host_files(SERVED_FILES)
     server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
-                                           opts.explicit, opts.cpu_rounding))
+                                           opts.explicit, opts.cpu_rounding,
+                                           opts.reread_explicit))
     if pid_file is not None:
         write_pid(pid_file, os.getpid())
     # Before any thread starts: capabilities are dropped per thread, and a thread started

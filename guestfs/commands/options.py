@@ -12,6 +12,7 @@ from typing import NoReturn
 from guestfs.daemon.fuse_binding import BINDINGS
 from guestfs.daemon.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.engine.explicit import (
+    ENV_LIMITS_DIR,
     ExplicitLimitError,
     ExplicitLimits,
     ExplicitSettings,
@@ -91,18 +92,32 @@ def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
                         "the JDK, Go and the downward API do) [env GUESTFS_CPU_ROUNDING]")
 
 
+def _settings(args: argparse.Namespace, env: dict[str, str]) -> ExplicitSettings:
+    return ExplicitSettings(
+        memory_limit=args.memory_limit, cpu_limit=args.cpu_limit, limits_dir=args.limits_dir,
+        memory_divisor=args.memory_divisor, cpu_divisor=args.cpu_divisor, env=env)
+
+
 def explicit_from_args(args: argparse.Namespace, env: dict[str, str]
                        ) -> tuple[ExplicitLimits, str]:
     rounding = args.cpu_rounding or env.get(ENV_CPU_ROUNDING) or "ceil"
     if rounding not in ROUNDINGS:
         raise CliError(f"{ENV_CPU_ROUNDING}={rounding!r}: use one of {', '.join(ROUNDINGS)}")
-    settings = ExplicitSettings(
-        memory_limit=args.memory_limit, cpu_limit=args.cpu_limit, limits_dir=args.limits_dir,
-        memory_divisor=args.memory_divisor, cpu_divisor=args.cpu_divisor, env=env)
     try:
-        return collect_explicit(settings), rounding
+        return collect_explicit(_settings(args, env)), rounding
     except ExplicitLimitError as e:
         raise CliError(str(e)) from e
+
+
+def explicit_rereader(args: argparse.Namespace, env: dict[str, str]
+                      ) -> Callable[[], ExplicitLimits] | None:
+    """What re-reads the explicit limits while the daemon runs: only a limits directory
+    can change (kubelet rewrites a downward-API volume on an in-place resize); options and
+    environment variables are fixed at start, so None without a directory."""
+    settings = _settings(args, env)
+    if not (settings.limits_dir or env.get(ENV_LIMITS_DIR)):
+        return None
+    return lambda: collect_explicit(settings)
 
 
 def limit_argv(args: argparse.Namespace) -> list[str]:

@@ -14,13 +14,14 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachetools import LRUCache, TTLCache
 
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.readers import Reader, ReaderIds
-from guestfs.engine.explicit import ExplicitLimits
+from guestfs.engine.explicit import ExplicitLimitError, ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
 from guestfs.render.files import ViewState, render_file
 from guestfs.render.loadavg import SAMPLE_SECONDS
@@ -60,6 +61,9 @@ class ServerConfig:
     cache_ttl: float = DEFAULT_CACHE_TTL
     explicit: ExplicitLimits = field(default_factory=ExplicitLimits)
     cpu_rounding: str = "ceil"
+    # Re-reads the explicit limits (a downward-API volume, which kubelet rewrites on an
+    # in-place resize) at most once per cache_ttl; None: ``explicit`` holds for good.
+    reread_explicit: Callable[[], ExplicitLimits] | None = None
 
 
 @dataclass
@@ -108,6 +112,7 @@ class ViewServer:
         self._last_good: LRUCache[tuple[str, str], bytes] = LRUCache(4096)
         self._last_view: LRUCache[str, _View] = LRUCache(1024)
         self.fallbacks: Counter[str] = Counter()
+        self._explicit_now, self._explicit_until = config.explicit, time.monotonic() + ttl
         self.refusals: Counter[str] = Counter()   # unseen readers, by cause
         # The hot path: (reader, path) -> (deadline, bytes), a plain dict read without a lock.
         self._fast: dict[tuple[Reader, str], tuple[float, bytes]] = {}
@@ -211,9 +216,29 @@ class ViewServer:
             memberships = parse_proc_cgroup(key)
         born = time.monotonic()
         snap = snapshot_of(self.host, memberships, pid)
-        lim = effective_limits(snap, self.config.explicit, self.config.cpu_rounding)
+        lim = effective_limits(snap, self._explicit(), self.config.cpu_rounding)
         return _View(snap, lim, born, container_incarnation(self.host, snap, lim.cpu_cgroup),
                      self._own_threads())
+
+    def _explicit(self) -> ExplicitLimits:
+        """The explicit limits now: the downward API's files as kubelet last wrote them,
+        read at most once per TTL; a file gone bad keeps the last good limits, counted."""
+        reread = self.config.reread_explicit
+        if reread is None:
+            return self.config.explicit
+        now = time.monotonic()
+        with self._lock:
+            if now < self._explicit_until:
+                return self._explicit_now
+        try:
+            current = reread()
+        except ExplicitLimitError as e:
+            self._count_fallback(f"explicit limits unreadable ({e})", "every view",
+                                 "keeping the last good explicit limits")
+            current = self._explicit_now
+        with self._lock:
+            self._explicit_now, self._explicit_until = current, now + self.config.cache_ttl
+        return current
 
     def _view(self, key: str, pid: str) -> _View:
         with self._lock:
