@@ -148,6 +148,25 @@ def test_cpuset_walks_up_while_empty(copy_fixture):
     assert lim.visible_cpus == (2,)
 
 
+def test_a_cpuset_of_offline_cpus_is_skipped_for_the_next_level(copy_fixture):
+    """Host online 0-3; the container's cpuset names only CPU 6: no cpuinfo block could be
+    shown for it, and the kernel runs such tasks on the parent's CPUs (1-2 here). The
+    fixture's quota (0.5 CPU) leaves one of them visible."""
+    root = copy_fixture("k8s-cgroupfs-v1")
+    pod = root / "sys/fs/cgroup/cpuset/kubepods/burstable/poda5d4fbc7-30d6-43e8-8425-8ee6f401decc"
+    for f in (pod / "a991eb3b64a228cb0b269925127c28cb39d482d27c6248540e0e3b41633a907e"
+              ).glob("cpuset.*cpus"):
+        f.write_text("6\n")
+    for f in pod.glob("cpuset.*cpus"):
+        f.write_text("1-2\n")
+    lim = limits_of(root, cpu_limit="4")
+    assert lim.cpuset.value == (1, 2) and lim.visible_cpus == (1,)
+    assert any("names no online CPU" in w for w in lim.warnings)
+    from guestfs.render.cpu import render_cpuinfo
+    host = (root / "proc/cpuinfo").read_text()
+    assert render_cpuinfo(host, lim).count("processor") == 1
+
+
 @pytest.mark.parametrize("q,ceil,floor,rnd", [
     (Fraction(1, 10), 1, 1, 1), (Fraction(1, 2), 1, 1, 1), (Fraction(3, 2), 2, 1, 2),
     (Fraction(5, 4), 2, 1, 1), (Fraction(2), 2, 2, 2), (Fraction(5, 2), 3, 2, 3),

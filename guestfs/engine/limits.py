@@ -271,7 +271,12 @@ def _resolve_cpuset(snap: Snapshot, w: _Warnings) -> Resolved[tuple[int, ...]]:
             except ValueError as e:
                 w.bad_file(level, name, e)
                 continue
-            visible = tuple(c for c in cpus if c in online) or cpus
+            visible = tuple(c for c in cpus if c in online)
+            if not visible:
+                # Only offline (or absent) CPUs: the kernel runs the tasks on the parent's
+                # effective CPUs, and cpuinfo has no block for these to show.
+                w.bad_file(level, name, ValueError(f"{text.strip()!r} names no online CPU"))
+                continue
             limited = set(visible) != online
             return Resolved(visible, level.source(name, text.strip()), limited)
     return Resolved(snap.host.online_cpus,
