@@ -268,3 +268,20 @@ def test_a_directory_symlink_planted_by_nobody_is_refused(tmp_path, planted, opt
     finally:
         force_unmount(mp)
     assert victim.read_text() == "root only\n"
+
+
+def test_a_cgroup_that_names_nothing_refuses_to_mount(tmp_path):
+    """Served anyway, a pinned view of a missing cgroup would be the node's MemTotal with
+    no fallback counted."""
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    out = guestfs("mount", str(mp), "--cgroup", "/no/such/cgroup-guestfs-test")
+    one_line_error(out, "--cgroup /no/such/cgroup-guestfs-test", "no such cgroup")
+    assert not os.path.ismount(mp)
+    # The daemon's own cgroup exists in every hierarchy: accepted (checked, not mounted).
+    from guestfs.sources.host_root import HostRoot
+    from guestfs.sources.proc_cgroup import parse_proc_cgroup
+    from guestfs.sources.snapshot import pinned_cgroup_dirs
+
+    own = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+    assert any(pinned_cgroup_dirs(HostRoot(), m.path) for m in own)

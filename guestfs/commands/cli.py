@@ -28,7 +28,7 @@ from guestfs.render.files import SERVED_FILES, render_file
 from guestfs.sources.host_proc import HostInfoError
 from guestfs.sources.host_root import HostReadError, HostRoot
 from guestfs.sources.proc_cgroup import PidGone
-from guestfs.sources.snapshot import Snapshot, read_snapshot
+from guestfs.sources.snapshot import Snapshot, pinned_cgroup_dirs, read_snapshot
 from guestfs.system.oneline import one_line
 
 
@@ -102,6 +102,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.per_container and args.cgroup:
         raise CliError("mount: --per-container serves every container's cgroup; it takes "
                        "no --cgroup")
+    if args.cgroup is not None and not pinned_cgroup_dirs(HostRoot(), args.cgroup):
+        # Served anyway, its view would be the node's numbers with nothing counted.
+        raise CliError(f"mount: --cgroup {args.cgroup}: no such cgroup in any cgroup "
+                       "mount; give the path as /proc/<pid>/cgroup shows it")
     env = dict(os.environ)
     explicit, rounding = explicit_from_args(args, env)
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,

@@ -180,6 +180,17 @@ def memberships_for_path(host: HostRoot, path: str) -> list[CgroupMembership]:
     return out
 
 
+def pinned_cgroup_dirs(host: HostRoot, path: str) -> list[str]:
+    """The directories of cgroup ``path`` that exist in our cgroup mounts: empty when the
+    path names no cgroup at all (a typo in ``--cgroup``, a container already gone)."""
+    found = []
+    for m in read_cgroup_mounts(host, "self"):
+        paths = level_paths(m, path)
+        if paths and host.isdir(paths[0].directory):
+            found.append(paths[0].directory)
+    return found
+
+
 def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
                 pid: int | str = "self") -> Snapshot:
     host_info = read_host_info(host)
