@@ -8,6 +8,7 @@ machine go through the same code.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from guestfs.sources.host_root import HostRoot
 from guestfs.sources.mountinfo import CgroupMount, read_cgroup_mounts
 from guestfs.sources.proc_cgroup import CgroupMembership, read_proc_cgroup
 from guestfs.sources.provenance import CGROUP, Source
-from guestfs.sources.reader_root import Anchor, ReaderMount, reader_mount
+from guestfs.sources.reader_root import Anchor, ReaderMount, open_dir, reader_mount
 from guestfs.sources.reader_root import alive as reader_alive
 from guestfs.sources.reader_root import ids_below as anchored_ids_below
 from guestfs.sources.reader_root import read_file as anchored_read_file
@@ -177,10 +178,14 @@ def _through_reader(host: HostRoot, candidates: list[CgroupMount], controller: s
                          problem=f"{why}, nor through pid {pid}'s own mounts: {found}")
     paths = level_paths(found.mount, path, outside_ok=True)
     assert paths is not None  # reader_mount picked a mount that contains the path
-    if anchored_stat_dir(host, found.anchor, paths[0].directory) is None:
+    try:
+        os.close(open_dir(host, found.anchor, paths[0].directory))
+    except OSError as e:
+        hint = " (reading another process's root is a ptrace-read check: CAP_SYS_PTRACE)" \
+            if e.errno == errno.EACCES else ""
         return Hierarchy(controller, version, found.mount, path, unseen=True,
-                         problem=f"{why}, and {paths[0].directory} cannot be opened safely "
-                                 "(gone, a symlink on the way, or not that cgroup hierarchy)")
+                         problem=f"{why}, and {paths[0].directory} cannot be opened safely: "
+                                 f"{e.strerror or e}{hint}")
     levels = _read_levels(host, paths, CONTROLLER_FILES[(controller, version)], found.anchor)
     return Hierarchy(controller, version, found.mount, path, levels)
 
