@@ -233,21 +233,38 @@ class ReaderMount:
     anchor: Anchor
 
 
-def reader_mount(host: HostRoot, pid: str, ours: list[CgroupMount], path: str
+@dataclass(frozen=True)
+class ReaderTable:
+    """A reader's mount table, read once per snapshot (every hierarchy looks in it)."""
+
+    pid: str
+    start: int | None            # read before the table: a reuse after it is caught later
+    entries: tuple[MountEntry, ...] = ()
+    error: str | None = None
+
+
+def read_reader_table(host: HostRoot, pid: str) -> ReaderTable:
+    start = start_ticks(host, pid)
+    try:
+        text = host.read_text(f"/proc/{pid}/mountinfo")
+    except HostReadError as e:
+        return ReaderTable(pid, start, error=f"cannot read /proc/{pid}/mountinfo ({e.strerror})")
+    return ReaderTable(pid, start, tuple(parse_mount_entries(text)))
+
+
+def reader_mount(host: HostRoot, table: ReaderTable, ours: list[CgroupMount], path: str
                  ) -> ReaderMount | str:
-    """The mount of ``pid`` that shows cgroup ``path`` of the hierarchy the daemon mounts
+    """The mount in ``table`` that shows cgroup ``path`` of the hierarchy the daemon mounts
     as ``ours``, with the rules above; else why not (one line)."""
+    if table.error is not None:
+        return table.error
+    pid = table.pid
     devs = {m.dev for m in ours if m.dev}
     try:
         expected = os.stat(host.path(ours[0].mount_point)).st_dev
     except (OSError, IndexError):
         return "the daemon's own mount of the hierarchy cannot be read"
-    start = start_ticks(host, pid)
-    try:
-        text = host.read_text(f"/proc/{pid}/mountinfo")
-    except HostReadError as e:
-        return f"cannot read /proc/{pid}/mountinfo ({e.strerror})"
-    entries = parse_mount_entries(text)
+    entries = list(table.entries)
     mounts = [m for m in mounts_of_entries(entries) if m.dev in devs]
     if not mounts:
         return f"pid {pid} has no mount of this hierarchy (no cgroup mount of device " \
@@ -262,4 +279,4 @@ def reader_mount(host: HostRoot, pid: str, ours: list[CgroupMount], path: str
     root = f"/proc/{pid}/root"
     shown = CgroupMount(root + m.mount_point.rstrip("/") if m.mount_point != "/" else root,
                         m.root, m.version, m.controllers, m.dev, m.mount_id)
-    return ReaderMount(shown, Anchor(root, pid, start, expected))
+    return ReaderMount(shown, Anchor(root, pid, table.start, expected))

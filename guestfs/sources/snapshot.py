@@ -9,8 +9,9 @@ machine go through the same code.
 from __future__ import annotations
 
 import errno
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -25,7 +26,14 @@ from guestfs.sources.host_root import HostRoot
 from guestfs.sources.mountinfo import CgroupMount, read_cgroup_mounts
 from guestfs.sources.proc_cgroup import CgroupMembership, read_proc_cgroup
 from guestfs.sources.provenance import CGROUP, Source
-from guestfs.sources.reader_root import Anchor, ReaderMount, open_dir, reader_mount
+from guestfs.sources.reader_root import (
+    Anchor,
+    ReaderMount,
+    ReaderTable,
+    open_dir,
+    read_reader_table,
+    reader_mount,
+)
 from guestfs.sources.reader_root import alive as reader_alive
 from guestfs.sources.reader_root import ids_below as anchored_ids_below
 from guestfs.sources.reader_root import read_file as anchored_read_file
@@ -169,10 +177,12 @@ def _read_levels(host: HostRoot, paths: list[CgroupLevelPath], names: tuple[str,
 
 
 def _through_reader(host: HostRoot, candidates: list[CgroupMount], controller: str,
-                    version: int, path: str, pid: str, why: str) -> Hierarchy:
+                    version: int, path: str, table: Callable[[], ReaderTable],
+                    why: str) -> Hierarchy:
     """The hierarchy through the reader's own mounts (reader_root.py), when ours do not
     show its cgroup."""
-    found = reader_mount(host, pid, candidates, path)
+    pid = table().pid
+    found = reader_mount(host, table(), candidates, path)
     if not isinstance(found, ReaderMount):
         return Hierarchy(controller, version, candidates[0], path, unseen=True,
                          problem=f"{why}, nor through pid {pid}'s own mounts: {found}")
@@ -192,15 +202,15 @@ def _through_reader(host: HostRoot, candidates: list[CgroupMount], controller: s
 
 def read_hierarchy(host: HostRoot, mounts: list[CgroupMount],
                    memberships: list[CgroupMembership], controller: str,
-                   pid: int | str = "self") -> Hierarchy:
+                   reader: Callable[[], ReaderTable] | None = None) -> Hierarchy:
+    """``reader``: the reader's own mount table, tried when ours do not show its cgroup
+    (None for a pinned --cgroup view, which is the daemon's own)."""
     version, candidates, member, problem = _choose_hierarchy(host, mounts, memberships,
                                                              controller)
     if member is None or problem is not None:
         return Hierarchy(controller, version, candidates[0] if candidates else None,
                          member.path if member else None, problem=problem)
     path = member.path
-    # A reader's own mounts are tried only for a real reader (not a pinned --cgroup view).
-    reader = str(pid) if str(pid).isdigit() else None
     if leaves_namespace(path):
         why = f"cgroup {path} is outside this cgroup namespace; its files are not visible"
         if reader is not None:
@@ -249,7 +259,10 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
     except OSError as e:
         mounts = []
         warnings.append(f"cannot read /proc/self/mountinfo: {e}")
-    hierarchies = {c: read_hierarchy(host, mounts, memberships, c, pid) for c in CONTROLLERS}
+    # A reader's own mounts are tried only for a real reader (not a pinned --cgroup view).
+    reader = functools.cache(lambda: read_reader_table(host, str(pid))) \
+        if str(pid).isdigit() else None
+    hierarchies = {c: read_hierarchy(host, mounts, memberships, c, reader) for c in CONTROLLERS}
     return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings))
 
 
