@@ -133,6 +133,43 @@ def test_explain_names_the_path_through_the_readers_root():
     assert doc["memory"]["source"]["cgroup"] == APP
 
 
+def test_v2_private_namespaces_the_apps_scope_is_a_sibling_outside_ours():
+    """k8s-v2-sidecar-reader-root: the app's path and its mount's root both read
+    /../cri-containerd-<id>.scope from the daemon's namespace; memory.max 536870912 and
+    cpu.max "100000 100000" on the app's scope."""
+    root = fixture_root("k8s-v2-sidecar-reader-root")
+    scope = "/../cri-containerd-" + APP.rsplit("/", 1)[1] + ".scope"
+    lim = limits_of(root, pid="8")
+    assert lim.memory.value == 512 * MiB and lim.memory.source.cgroup == scope
+    assert lim.memory.source.file == "/proc/8/root/sys/fs/cgroup/memory.max"
+    assert lim.cpu_quota.value == 1 and lim.cpu_count.value == 1
+    srv = ViewServer(HostRoot(str(root)), ServerConfig(cache_ttl=0))
+    try:
+        assert meminfo_kb(srv.render("/proc/meminfo", 9).decode())["MemTotal"] == 524288
+        assert srv.render("/sys/devices/system/cpu/online", 7) == b"0\n"
+        assert srv.fallbacks == {}
+    finally:
+        srv.stop()
+
+
+def test_the_load_sampler_skips_a_view_whose_reader_exited(copy_fixture):
+    """Outside a read the sampler rebuilds an expired view through the pid that built it;
+    once that pid is gone it waits for the next reader rather than lose the view's
+    cgroup (no fallback counted)."""
+    root = copy_fixture(NAME)
+    srv = ViewServer(HostRoot(str(root)), ServerConfig(cache_ttl=0))
+    try:
+        srv.render("/proc/loadavg", 7)
+        srv.sample_loads()            # pid 7 lives: sampled through its root
+        stat = root / "proc/7/stat"
+        stat.write_text(stat.read_text().replace(" 35601000 ", " 35609999 "))
+        srv.sample_loads()
+        assert srv.errors == 0 and srv.fallbacks == {}, srv.fallbacks
+        assert meminfo_kb(srv.render("/proc/meminfo", 8).decode())["MemTotal"] == 524288
+    finally:
+        srv.stop()
+
+
 # ------------------------------------------------------------------ hostile readers
 
 def test_a_tmpfs_pretending_to_be_the_memory_mount_is_not_read(copy_fixture):
