@@ -222,6 +222,19 @@ def test_a_symlinked_ancestor_directory_is_not_followed(copy_fixture):
                for w in lim.warnings), lim.warnings
 
 
+def test_a_mount_table_past_the_bound_is_refused_not_parsed(copy_fixture):
+    from guestfs.sources.reader_root import MAX_FILE
+
+    root = copy_fixture(NAME)
+    line = "1300 1179 0:80 / /mnt/x rw,relatime - tmpfs tmpfs rw\n"
+    with mountinfo(root).open("a") as f:
+        f.write(line * (MAX_FILE // len(line) + 1))
+    lim = limits_of(root, pid="7")
+    assert lim.memory.value == HOST_KB * 1024
+    assert any("cannot read /proc/7/mountinfo (longer than 4 MiB)" in w
+               for w in lim.warnings), lim.warnings
+
+
 def test_a_fifo_for_a_limit_file_does_not_block(copy_fixture):
     root = copy_fixture(NAME)
     (root / MEM / "memory.limit_in_bytes").unlink()

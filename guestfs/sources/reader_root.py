@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from guestfs.sources.cgroup_path import components, pick_mount
-from guestfs.sources.host_root import HostReadError, HostRoot
+from guestfs.sources.host_root import HostRoot
 from guestfs.sources.mountinfo import (
     CgroupMount,
     MountEntry,
@@ -243,12 +243,31 @@ class ReaderTable:
     error: str | None = None
 
 
+def _read_bounded(path: str) -> str:
+    """At most MAX_FILE bytes of ``path``: a tenant can make its mount table as long as
+    fs.mount-max allows (100,000 mounts, some 15 MB), and it is read for every view."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        chunks, total = [], 0
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_FILE:
+                raise OSError(errno.EFBIG, f"longer than {MAX_FILE >> 20} MiB")
+        return b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
 def read_reader_table(host: HostRoot, pid: str) -> ReaderTable:
     start = start_ticks(host, pid)
     try:
-        text = host.read_text(f"/proc/{pid}/mountinfo")
-    except HostReadError as e:
-        return ReaderTable(pid, start, error=f"cannot read /proc/{pid}/mountinfo ({e.strerror})")
+        text = _read_bounded(host.path(f"/proc/{pid}/mountinfo"))
+    except OSError as e:
+        return ReaderTable(pid, start, error=f"cannot read /proc/{pid}/mountinfo "
+                                             f"({e.strerror or e})")
     return ReaderTable(pid, start, tuple(parse_mount_entries(text)))
 
 
