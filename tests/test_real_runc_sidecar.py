@@ -223,3 +223,28 @@ def test_without_ptrace_the_daemon_cannot_read_the_apps_root_and_says_so():
     assert doc["memory"]["source"]["kind"] == "host", doc["memory"]
     assert any(w.startswith("memory:") and "cannot be opened safely: Permission denied" in w
                and "CAP_SYS_PTRACE" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_a_tenant_faking_its_cgroup_mount_never_gets_the_fake_limit():
+    """A process of the app with CAP_SYS_ADMIN (in a mount namespace of its own, copied
+    from the app's, so it keeps the attached files) mounts a tmpfs over
+    /sys/fs/cgroup/memory with memory.limit_in_bytes 64 MiB: the daemon refuses that mount
+    (another mount over the cgroup mount), serves no 65536 kB, and counts the fallback."""
+    fake = ("unshare -m sh -c 'mount -t tmpfs tmpfs /sys/fs/cgroup/memory && "
+            "echo 67108864 > /sys/fs/cgroup/memory/memory.limit_in_bytes && "
+            "printf \"hierarchical_memory_limit 67108864\\n\" > /sys/fs/cgroup/memory/memory.stat"
+            " && grep ^MemTotal: /proc/meminfo'")
+    with sidecar_pod() as pod:
+        assert pod.app_pid is not None and has_bind(pod.app_pid, "/proc/meminfo")
+        out = subprocess.run(["runc", "exec", "--cap", "CAP_SYS_ADMIN", pod.app, "sh", "-c",
+                              fake], capture_output=True, text=True, timeout=60)
+        status = json.loads(exec_in(pod.sidecar, "cat /run/guestfs/.guestfs-status").stdout)
+        # The app's own processes still get their limits once the tenant's view expires.
+        honest = wait_for(lambda: app_reads(pod)[1] == "524288", 10)
+    assert out.returncode == 0, out.stderr
+    total = out.stdout.split()[1]
+    assert total != "65536", out.stdout
+    with open("/proc/meminfo") as f:
+        assert total == f.readline().split()[1]    # the node's, as a counted fallback
+    assert status["fallbacks"].get("memory cgroup of a reader not visible", 0) >= 1, status
+    assert honest
