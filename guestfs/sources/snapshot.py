@@ -266,8 +266,6 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
     return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings))
 
 
-
-
 # ------------------------------------------------------------------ reading a level again
 
 def level_text(host: HostRoot, level: Level, name: str) -> str | None:
