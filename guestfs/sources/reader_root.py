@@ -284,7 +284,8 @@ def reader_mount(host: HostRoot, table: ReaderTable, ours: list[CgroupMount], pa
     except (OSError, IndexError):
         return "the daemon's own mount of the hierarchy cannot be read"
     entries = list(table.entries)
-    mounts = [m for m in mounts_of_entries(entries) if m.dev in devs]
+    mounts = [m for m in mounts_of_entries(entries)
+              if m.dev in devs and m.version == ours[0].version]
     if not mounts:
         return f"pid {pid} has no mount of this hierarchy (no cgroup mount of device " \
                f"{'/'.join(sorted(devs)) or '?'})"
