@@ -47,3 +47,18 @@ def test_parse_proc_cgroup_v1_v2_and_named():
         (12, ["pids"], "/a"), (9, ["cpu", "cpuacct"], "/b"), (1, ["name=systemd"], "/c"),
         (0, [], "/d e")]
     assert got[-1].is_v2 and not got[0].is_v2
+
+
+def test_a_path_outside_our_namespace_matches_a_mount_root_outside_it_too():
+    """Another container's cgroup2 mount read from our cgroup namespace: the kernel prints
+    its root and the process's path with the same leading ``..`` (reader_root.py)."""
+    app = "/../cri-containerd-x.scope"
+    assert relative_to_root(app, app) is None                  # our own mounts never
+    assert relative_to_root(app, app, outside_ok=True) == []
+    assert relative_to_root(f"{app}/sub", app, outside_ok=True) == ["sub"]
+    # ".." below the mount root would leave the mount: never a directory path.
+    assert relative_to_root(app, "/", outside_ok=True) is None
+    assert relative_to_root("/a/../b", "/a", outside_ok=True) is None
+    m = CgroupMount("/proc/7/root/sys/fs/cgroup", app, 2, frozenset())
+    assert [(lv.cgroup, lv.directory) for lv in level_paths(m, f"{app}/sub", True)] == [
+        (f"{app}/sub", "/proc/7/root/sys/fs/cgroup/sub"), (app, "/proc/7/root/sys/fs/cgroup")]

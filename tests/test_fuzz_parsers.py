@@ -30,9 +30,17 @@ from guestfs.sources.cgroup_files import (
     parse_flat_keyed,
     parse_limit_bytes,
 )
+from guestfs.sources.cgroup_path import relative_to_root
 from guestfs.sources.host_proc import parse_meminfo, parse_uptime
-from guestfs.sources.mountinfo import parse_mount_entries, parse_mountinfo, unescape
+from guestfs.sources.host_root import HostRoot
+from guestfs.sources.mountinfo import (
+    CgroupMount,
+    parse_mount_entries,
+    parse_mountinfo,
+    unescape,
+)
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
+from guestfs.sources.reader_root import ReaderMount, ReaderTable, reader_mount
 from guestfs.sources.usage_parsers import (
     parse_blkio_recursive,
     parse_cpuacct_usage_all,
@@ -144,6 +152,41 @@ def test_mountinfo(text):
     for m in parse_mountinfo(text):
         assert m.version in (1, 2)
         assert m.version == 2 or "" not in m.controllers
+
+
+reader_mount_line = st.builds(
+    lambda mid, dev, root, point, fstype, opts: f"{mid} 1 {dev} {root} {point} ro - {fstype} "
+                                                f"cgroup rw,{opts}",
+    st.integers(0, 9), st.sampled_from(["0:31", "0:29", "0:99", "8:1", "x"]),
+    st.sampled_from(["/", "/pod/app", "/pod", "/pod/app/sub", "/../app", "-"]),
+    st.sampled_from(["/sys/fs/cgroup/memory", "/sys/fs/cgroup", "/sys/fs/cgroup/memory/x",
+                     "/", "/sys"]),
+    st.sampled_from(["cgroup", "cgroup2", "tmpfs"]), st.sampled_from(["memory", "cpu", ""]))
+
+
+@FUZZ
+@given(st.lists(st.one_of(reader_mount_line, mountinfo_line, texts), max_size=8)
+       .map("\n".join), st.sampled_from(["/pod/app", "/pod/app/sub", "/../app", "/other"]))
+@example("3 1 0:31 /pod/app /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory", "/pod/app")
+@example("3 1 0:31 /../app /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory", "/../app")
+def test_reader_mount_picks_only_an_unshadowed_mount_of_our_superblock(text, path):
+    """Whatever a reader's mount table says, the mount used is a cgroup mount of the
+    daemon's own superblock (0:31, the memory hierarchy here) that shows the path, with no
+    other mount at or below it, under /proc/<pid>/root."""
+    ours = [CgroupMount("/", "/pod/sidecar", 1, frozenset({"memory"}), "0:31", 5)]
+    entries = tuple(parse_mount_entries(text))
+    got = reader_mount(HostRoot(), ReaderTable("7", 1, entries), ours, path)
+    if isinstance(got, ReaderMount):
+        m = got.mount
+        assert m.dev == "0:31" and m.version == 1
+        assert m.mount_point.startswith("/proc/7/root")
+        point = m.mount_point[len("/proc/7/root"):] or "/"
+        assert relative_to_root(path, m.root, outside_ok=True) is not None
+        assert [e for e in entries if e.mount_point == point
+                or e.mount_point.startswith(point.rstrip("/") + "/")] \
+            == [e for e in entries if e.mount_id == m.mount_id and e.mount_point == point]
+    else:
+        assert isinstance(got, str) and "\n" not in got
 
 
 @FUZZ

@@ -27,7 +27,13 @@ from guestfs.render.files import ViewState, render_file
 from guestfs.render.loadavg import SAMPLE_SECONDS
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup
-from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Snapshot, memberships_for_path, snapshot_of
+from guestfs.sources.snapshot import (
+    LIMIT_CONTROLLERS,
+    Snapshot,
+    anchors_alive,
+    memberships_for_path,
+    snapshot_of,
+)
 from guestfs.sources.timens import read_boottime_offset
 from guestfs.sources.usage import (
     container_incarnation,
@@ -256,10 +262,22 @@ class ViewServer:
                                      "keeping the view's last good limits")
                 view = _View(last.snap, last.lim, view.born, last.incarnation,
                              view.own_threads)
+            else:
+                self._count_unseen(view, key, pid)
             with self._lock:
                 self._views[key] = view
                 self._last_view[key] = view
         return view
+
+    def _count_unseen(self, view: _View, key: str, pid: str) -> None:
+        """A reader whose cgroup neither the daemon's mounts nor its own show gets the
+        node's numbers (or only the explicit limits): never in silence."""
+        for c in LIMIT_CONTROLLERS:
+            h = view.snap.hierarchies[c]
+            if h.unseen:
+                self._count_fallback(f"{c} cgroup of a reader not visible", f"pid {pid}",
+                                     f"serving the node's {c} figures unless an explicit "
+                                     f"limit applies ({h.problem})")
 
     def status_json(self) -> bytes:
         """What `guestfs explain --mount` shows: the fallbacks taken, by cause."""
@@ -386,7 +404,10 @@ class ViewServer:
             if entry.state.load is None:
                 continue
             try:
-                view = self._view(key, "self")
+                pid = self._sampling_pid(key)
+                if pid is None:
+                    continue  # the reader it was read through exited; the next read rebuilds
+                view = self._view(key, pid)
                 if view.incarnation != entry.state.incarnation:
                     continue  # re-created since: the next read starts its load at 0
                 tasks = read_task_counts(self.host, view.snap, view.lim.cpu_cgroup, own)
@@ -396,6 +417,16 @@ class ViewServer:
             if tasks is not None:
                 with entry.lock:
                     entry.state.load.sample(tasks.running + tasks.blocked)
+
+    def _sampling_pid(self, key: str) -> str | None:
+        """The pid to rebuild an expired view with outside a read: the one it was built
+        through, while it runs (a view read through a reader's root needs that reader)."""
+        with self._lock:
+            cached = self._views.get(key)
+            last = self._last_view.get(key)
+        if key.startswith(PINNED) or cached is not None or last is None:
+            return "self" if cached is None else cached.snap.pid
+        return last.snap.pid if anchors_alive(self.host, last.snap) else None
 
     def start_sampler(self) -> None:
         def loop() -> None:

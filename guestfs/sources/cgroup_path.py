@@ -22,10 +22,17 @@ def leaves_namespace(path: str) -> bool:
     return ".." in components(path)
 
 
-def relative_to_root(path: str, root: str) -> list[str] | None:
-    """Components of ``path`` below ``root``, or None when ``path`` is not inside ``root``."""
+def relative_to_root(path: str, root: str, outside_ok: bool = False) -> list[str] | None:
+    """Components of ``path`` below ``root``, or None when ``path`` is not inside ``root``.
+
+    ``outside_ok``: the path and the root may both start outside our cgroup namespace
+    (``/../app`` under a mount whose root the kernel prints as ``/../app``, as it does for
+    another container's cgroup2 mount read from ours); ``..`` is then allowed in the part
+    they share, never in the part below the root, which becomes a directory path."""
     p, r = components(path), components(root)
-    if ".." in p or p[: len(r)] != r:
+    if p[: len(r)] != r:
+        return None
+    if (".." in p and not outside_ok) or ".." in p[len(r):]:
         return None
     return p[len(r):]
 
@@ -36,13 +43,14 @@ class CgroupLevelPath:
     directory: str   # host directory holding its interface files
 
 
-def level_paths(mount: CgroupMount, path: str) -> list[CgroupLevelPath] | None:
+def level_paths(mount: CgroupMount, path: str, outside_ok: bool = False
+                ) -> list[CgroupLevelPath] | None:
     """The cgroup and each visible ancestor up to the mount root, leaf first.
 
     None when the path is not visible through this mount (outside its root or outside
     our cgroup namespace).
     """
-    rel = relative_to_root(path, mount.root)
+    rel = relative_to_root(path, mount.root, outside_ok)
     if rel is None:
         return None
     root_parts = components(mount.root)
@@ -55,11 +63,12 @@ def level_paths(mount: CgroupMount, path: str) -> list[CgroupLevelPath] | None:
     return levels
 
 
-def pick_mount(mounts: list[CgroupMount], path: str) -> CgroupMount | None:
+def pick_mount(mounts: list[CgroupMount], path: str, outside_ok: bool = False
+               ) -> CgroupMount | None:
     """Among mounts of one hierarchy, the one with the deepest root containing ``path``."""
     best: CgroupMount | None = None
     for m in mounts:
-        if relative_to_root(path, m.root) is None:
+        if relative_to_root(path, m.root, outside_ok) is None:
             continue
         if best is None or len(components(m.root)) > len(components(best.root)):
             best = m

@@ -35,6 +35,10 @@ class CgroupMount:
     # v1: controller names (and ``name=systemd`` style names); v2: empty, the controllers
     # are read from cgroup.controllers at the mount point.
     controllers: frozenset[str]
+    # The superblock's major:minor (field 3): one per v1 hierarchy, one for cgroup2,
+    # whichever mount namespace or cgroup namespace shows it.
+    dev: str = ""
+    mount_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class MountEntry:
     fstype: str
     source: str
     superopts: str
+    dev: str = ""          # major:minor of the superblock
 
 
 def _parse_line(line: str) -> MountEntry | None:
@@ -66,7 +71,7 @@ def _parse_line(line: str) -> MountEntry | None:
         mount_id = 0
     rest = fields[sep + 1:] + [""]  # a line cut after the source has no superopts
     return MountEntry(mount_id, unescape(fields[3]), unescape(fields[4]), rest[0],
-                      unescape(rest[1]), rest[2])
+                      unescape(rest[1]), rest[2], fields[2])
 
 
 def parse_mount_entries(text: str) -> list[MountEntry]:
@@ -77,14 +82,21 @@ def parse_mount_entries(text: str) -> list[MountEntry]:
 
 def parse_mountinfo(text: str) -> list[CgroupMount]:
     """Every cgroup and cgroup2 mount in ``text``, in file order. Malformed lines are skipped."""
+    return mounts_of_entries(parse_mount_entries(text))
+
+
+def mounts_of_entries(entries: list[MountEntry]) -> list[CgroupMount]:
+    """The cgroup and cgroup2 mounts among ``entries``, in their order."""
     mounts: list[CgroupMount] = []
-    for e in parse_mount_entries(text):
+    for e in entries:
         if e.fstype == "cgroup2":
-            mounts.append(CgroupMount(e.mount_point, e.root, 2, frozenset()))
+            mounts.append(CgroupMount(e.mount_point, e.root, 2, frozenset(), e.dev,
+                                      e.mount_id))
         elif e.fstype == "cgroup":
             controllers = frozenset(o for o in e.superopts.split(",")
                                     if o and o not in _V1_NON_CONTROLLER_OPTS)
-            mounts.append(CgroupMount(e.mount_point, e.root, 1, controllers))
+            mounts.append(CgroupMount(e.mount_point, e.root, 1, controllers, e.dev,
+                                      e.mount_id))
     return mounts
 
 

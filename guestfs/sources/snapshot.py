@@ -8,16 +8,37 @@ machine go through the same code.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import errno
+import functools
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from guestfs.sources.cgroup_path import leaves_namespace, level_paths, pick_mount
+from guestfs.sources.cgroup_path import (
+    CgroupLevelPath,
+    leaves_namespace,
+    level_paths,
+    pick_mount,
+)
 from guestfs.sources.host_proc import HostInfo, read_host_info
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.mountinfo import CgroupMount, read_cgroup_mounts
 from guestfs.sources.proc_cgroup import CgroupMembership, read_proc_cgroup
 from guestfs.sources.provenance import CGROUP, Source
+from guestfs.sources.reader_root import (
+    Anchor,
+    ReaderMount,
+    ReaderTable,
+    open_dir,
+    read_reader_table,
+    reader_mount,
+)
+from guestfs.sources.reader_root import alive as reader_alive
+from guestfs.sources.reader_root import ids_below as anchored_ids_below
+from guestfs.sources.reader_root import read_file as anchored_read_file
+from guestfs.sources.reader_root import read_files as anchored_read_files
+from guestfs.sources.reader_root import stat_dir as anchored_stat_dir
 
 # Files read at every level, per controller and cgroup version.
 CONTROLLER_FILES: dict[tuple[str, int], tuple[str, ...]] = {
@@ -49,6 +70,9 @@ class Level:
     cgroup: str                          # cgroup path, e.g. /kubepods.slice/pod.slice
     directory: str                       # host directory of its interface files
     files: Mapping[str, str | None]      # file name -> text; None when missing/unreadable
+    # Set when the directory lies below a reader's /proc/<pid>/root (reader_root.py): every
+    # later read of it goes through the same checked walk.
+    anchor: Anchor | None = None
 
     def file_path(self, name: str) -> str:
         return f"{self.directory.rstrip('/')}/{name}"
@@ -72,6 +96,9 @@ class Hierarchy:
     cgroup_path: str | None              # as /proc/<pid>/cgroup prints it
     levels: tuple[Level, ...] = ()       # empty when the cgroup is not visible
     problem: str | None = None           # why there are no levels
+    # The pid is in a cgroup of a hierarchy the daemon has, and neither the daemon's mounts
+    # nor the reader's own show it: its limits are unknown, not absent.
+    unseen: bool = False
 
     @property
     def leaf(self) -> Level | None:
@@ -133,8 +160,51 @@ def _choose_hierarchy(host: HostRoot, mounts: list[CgroupMount],
     return 0, [], None, f"no cgroup hierarchy carries the {controller} controller"
 
 
+def _read_levels(host: HostRoot, paths: list[CgroupLevelPath], names: tuple[str, ...],
+                 anchor: Anchor | None) -> tuple[Level, ...]:
+    if anchor is None:
+        return tuple(Level(p.cgroup, p.directory, MappingProxyType(
+            {n: host.try_read_text(f"{p.directory.rstrip('/')}/{n}") for n in names}))
+            for p in paths)
+    levels = []
+    for p in paths:
+        try:
+            files = anchored_read_files(host, anchor, p.directory, names)
+        except OSError:
+            files = dict.fromkeys(names)
+        levels.append(Level(p.cgroup, p.directory, MappingProxyType(files), anchor))
+    return tuple(levels)
+
+
+def _through_reader(host: HostRoot, candidates: list[CgroupMount], controller: str,
+                    version: int, path: str, table: Callable[[], ReaderTable],
+                    why: str) -> Hierarchy:
+    """The hierarchy through the reader's own mounts (reader_root.py), when ours do not
+    show its cgroup."""
+    pid = table().pid
+    found = reader_mount(host, table(), candidates, path)
+    if not isinstance(found, ReaderMount):
+        return Hierarchy(controller, version, candidates[0], path, unseen=True,
+                         problem=f"{why}, nor through pid {pid}'s own mounts: {found}")
+    paths = level_paths(found.mount, path, outside_ok=True)
+    assert paths is not None  # reader_mount picked a mount that contains the path
+    try:
+        os.close(open_dir(host, found.anchor, paths[0].directory))
+    except OSError as e:
+        hint = " (reading another process's root is a ptrace-read check: CAP_SYS_PTRACE)" \
+            if e.errno == errno.EACCES else ""
+        return Hierarchy(controller, version, found.mount, path, unseen=True,
+                         problem=f"{why}, and {paths[0].directory} cannot be opened safely: "
+                                 f"{e.strerror or e}{hint}")
+    levels = _read_levels(host, paths, CONTROLLER_FILES[(controller, version)], found.anchor)
+    return Hierarchy(controller, version, found.mount, path, levels)
+
+
 def read_hierarchy(host: HostRoot, mounts: list[CgroupMount],
-                   memberships: list[CgroupMembership], controller: str) -> Hierarchy:
+                   memberships: list[CgroupMembership], controller: str,
+                   reader: Callable[[], ReaderTable] | None = None) -> Hierarchy:
+    """``reader``: the reader's own mount table, tried when ours do not show its cgroup
+    (None for a pinned --cgroup view, which is the daemon's own)."""
     version, candidates, member, problem = _choose_hierarchy(host, mounts, memberships,
                                                              controller)
     if member is None or problem is not None:
@@ -142,26 +212,24 @@ def read_hierarchy(host: HostRoot, mounts: list[CgroupMount],
                          member.path if member else None, problem=problem)
     path = member.path
     if leaves_namespace(path):
-        return Hierarchy(controller, version, candidates[0], path,
-                         problem=f"cgroup {path} is outside this cgroup namespace; "
-                                 "its files are not visible")
+        why = f"cgroup {path} is outside this cgroup namespace; its files are not visible"
+        if reader is not None:
+            return _through_reader(host, candidates, controller, version, path, reader, why)
+        return Hierarchy(controller, version, candidates[0], path, problem=why, unseen=True)
     mount = pick_mount(candidates, path)
     if mount is None:
         roots = ", ".join(sorted({m.root for m in candidates}))
-        return Hierarchy(controller, version, candidates[0], path,
-                         problem=f"cgroup {path} is not below the mount root ({roots})")
+        why = f"cgroup {path} is not below the mount root ({roots})"
+        if reader is not None:
+            return _through_reader(host, candidates, controller, version, path, reader, why)
+        return Hierarchy(controller, version, candidates[0], path, problem=why, unseen=True)
     paths = level_paths(mount, path)
     assert paths is not None  # pick_mount only returns mounts that contain the path
     if not host.isdir(paths[0].directory):
-        return Hierarchy(controller, version, mount, path,
+        return Hierarchy(controller, version, mount, path, unseen=True,
                          problem=f"cgroup directory {paths[0].directory} does not exist "
                                  "(the cgroup vanished?)")
-    names = CONTROLLER_FILES[(controller, version)]
-    levels = tuple(
-        Level(p.cgroup, p.directory, MappingProxyType(
-            {n: host.try_read_text(f"{p.directory.rstrip('/')}/{n}") for n in names}))
-        for p in paths
-    )
+    levels = _read_levels(host, paths, CONTROLLER_FILES[(controller, version)], None)
     return Hierarchy(controller, version, mount, path, levels)
 
 
@@ -202,7 +270,50 @@ def snapshot_of(host: HostRoot, memberships: list[CgroupMembership],
     except OSError as e:
         mounts = []
         warnings.append(f"cannot read /proc/self/mountinfo: {e}")
-    hierarchies = {c: read_hierarchy(host, mounts, memberships, c) for c in CONTROLLERS}
+    # A reader's own mounts are tried only for a real reader (not a pinned --cgroup view).
+    reader = functools.cache(lambda: read_reader_table(host, str(pid))) \
+        if str(pid).isdigit() else None
+    hierarchies = {c: read_hierarchy(host, mounts, memberships, c, reader) for c in CONTROLLERS}
     return Snapshot(str(pid), host_info, MappingProxyType(hierarchies), tuple(warnings))
 
 
+# ------------------------------------------------------------------ reading a level again
+
+def level_text(host: HostRoot, level: Level, name: str) -> str | None:
+    """File ``name`` of ``level`` read now (the counters that change between reads), the
+    same way the snapshot read it: through the reader's root when it came from there."""
+    if level.anchor is not None:
+        return anchored_read_file(host, level.anchor, level.directory, name)
+    return host.try_read_text(level.file_path(name))
+
+
+def level_stat(host: HostRoot, level: Level) -> os.stat_result | None:
+    if level.anchor is not None:
+        return anchored_stat_dir(host, level.anchor, level.directory)
+    try:
+        return os.stat(host.path(level.directory))
+    except OSError:
+        return None
+
+
+def level_ids_below(host: HostRoot, level: Level, name: str) -> list[str]:
+    """The ids in file ``name`` (cgroup.procs, cgroup.threads, tasks) of ``level`` and every
+    cgroup below it."""
+    if level.anchor is not None:
+        return anchored_ids_below(host, level.anchor, level.directory, name)
+    ids: list[str] = []
+    for dirpath, _dirs, files in os.walk(host.path(level.directory)):
+        if name not in files:
+            continue
+        try:
+            with open(os.path.join(dirpath, name)) as f:
+                ids += f.read().split()
+        except OSError:
+            continue
+    return ids
+
+
+def anchors_alive(host: HostRoot, snap: Snapshot) -> bool:
+    """Whether every reader whose root a level of ``snap`` is read through still runs."""
+    anchors = {lv.anchor for h in snap.hierarchies.values() for lv in h.levels if lv.anchor}
+    return all(reader_alive(host, a) for a in anchors)

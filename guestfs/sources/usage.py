@@ -18,7 +18,14 @@ from types import MappingProxyType
 
 from guestfs.sources.cgroup_files import parse_flat_keyed
 from guestfs.sources.host_root import HostRoot
-from guestfs.sources.snapshot import Hierarchy, Level, Snapshot
+from guestfs.sources.snapshot import (
+    Hierarchy,
+    Level,
+    Snapshot,
+    level_ids_below,
+    level_stat,
+    level_text,
+)
 from guestfs.sources.usage_parsers import (
     USER_HZ,
     ContainerAge,
@@ -86,25 +93,10 @@ def read_cpu_usage_now(host: HostRoot, snap: Snapshot, cgroup: str | None
     level = level_for(h, cgroup)
     if level is None:
         return None
-    return _cpu_usage(h.version, level, lambda name: host.try_read_text(level.file_path(name)))
+    return _cpu_usage(h.version, level, lambda name: level_text(host, level, name))
 
 
 # ------------------------------------------------------------------ tasks
-
-def _ids_below(host: HostRoot, directory: str, name: str) -> list[str]:
-    """The ids listed in file ``name`` (cgroup.procs, cgroup.threads, tasks) of
-    ``directory`` and every cgroup below it."""
-    ids: list[str] = []
-    for dirpath, _dirs, files in os.walk(host.path(directory)):
-        if name not in files:
-            continue
-        try:
-            with open(os.path.join(dirpath, name)) as f:
-                ids += f.read().split()
-        except OSError:
-            continue
-    return ids
-
 
 def _process_level(snap: Snapshot, cgroup: str | None) -> tuple[Hierarchy, Level] | None:
     """Where the container's processes are listed: the cpu hierarchy's level whose quota
@@ -121,9 +113,8 @@ def container_incarnation(host: HostRoot, snap: Snapshot, cgroup: str | None) ->
     if found is None:
         return None
     directory = found[1].directory
-    try:
-        st = os.stat(host.path(directory))
-    except OSError:
+    st = level_stat(host, found[1])
+    if st is None:
         return directory
     return (directory, st.st_dev, st.st_ino)
 
@@ -137,8 +128,7 @@ def read_task_counts(host: HostRoot, snap: Snapshot, cgroup: str | None,
         return None
     h, level = found
     running = blocked = total = 0
-    for tid in _ids_below(host, level.directory,
-                          "cgroup.threads" if h.version == 2 else "tasks"):
+    for tid in level_ids_below(host, level, "cgroup.threads" if h.version == 2 else "tasks"):
         if tid in exclude:
             continue
         text = host.try_read_text(f"/proc/{tid}/stat")
@@ -221,14 +211,14 @@ def read_container_age(host: HostRoot, snap: Snapshot, cgroup: str | None,
     if found is None:
         return None
     level = found[1]
-    starts = [s for pid in _ids_below(host, level.directory, "cgroup.procs")
+    starts = [s for pid in level_ids_below(host, level, "cgroup.procs")
               if (s := read_start_ticks(host, pid)) is not None]
     if starts:
         return ContainerAge(min(starts) / tck, f"oldest process below {level.directory}")
-    try:
-        ctime = os.stat(host.path(level.directory)).st_ctime
-    except OSError:
+    st = level_stat(host, level)
+    if st is None:
         return None
+    ctime = st.st_ctime
     return ContainerAge(host_uptime - max(0.0, time.time() - ctime),
                         f"creation of {level.directory}")
 
@@ -248,7 +238,7 @@ def read_last_pid(host: HostRoot, snap: Snapshot, cgroup: str | None) -> int | N
     if found is None:
         return None
     newest = None
-    for pid in _ids_below(host, found[1].directory, "cgroup.procs"):
+    for pid in level_ids_below(host, found[1], "cgroup.procs"):
         if host.ns_link(pid, "pid") != ns:
             continue
         for line in (host.try_read_small(f"/proc/{pid}/status") or "").splitlines():
