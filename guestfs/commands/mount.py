@@ -71,30 +71,19 @@ def _read_own(mp: str, name: str) -> bytes | None:
 
 
 def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
-    """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
-    procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
-    switch the operations to reporting real sizes."""
+    """Read our own mount once it serves: a FUSE client that does not honour no_open
+    (page-cached files unreadable) turns the page cache off."""
     if not wait_until(lambda: _read_own(mp, "") is not None, timeout, 0.05):
-        log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
+        log.warning("%s did not start serving within %gs; client probe skipped", mp, timeout)
         return
     if ops.page_cache and not _read_own(mp, ops.probe_path):  # type: ignore[attr-defined]
         # Served from the page cache, a read goes through no open of ours: a client that
         # does not honour ENOSYS from open (no_open) fails it instead.
         ops.disable_page_cache("this FUSE client does not read page-cached files")  # type: ignore[attr-defined]
-    probe = ops.size_probe  # type: ignore[attr-defined]
-    if probe is None:
-        log.info("every served file reports one page, which its content fits in: no size "
-                 "probe needed")
-        return
-    data = _read_own(mp, probe)
-    if data is None:
-        log.warning("size probe failed: %s%s could not be read", mp, probe)
-        return
-    empty = not data
-    if empty:
-        ops.sized = True  # type: ignore[attr-defined]
-        log.warning("this FUSE client stops reading at the file size even with direct_io "
-                    "(gVisor does): reporting each file's rendered size from now on")
+    # No size probe: every file reports a size that holds its reader's rendering
+    # (fusefs.reported_size), so a client that stops reading at st_size even with
+    # direct_io (gVisor's) still reads it whole.
+    log.info("every served file reports a size that holds its reader's whole rendering")
 
 
 def prepare_mountpoint(mp: str) -> None:
@@ -236,8 +225,12 @@ def serve(opts: MountOptions) -> int:
     cached = layout != "per-caller" and "fuse3" in binding.libfuse \
         and binding.name.startswith("mfusepy")
     attr_timeout = min(opts.cache_ttl, REVALIDATE) if cached else ATTR_TIMEOUT
+    # Served through the daemon, every open must look its file up: the LOOKUP renders it
+    # for the opener and sets the inode's size from that rendering (fusefs.reported_size),
+    # which sendfile, splice and mmap stop at. Page-cached files keep their entries.
+    entry_timeout = ATTR_TIMEOUT if cached else 0.0
     kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
-              "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
+              "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": entry_timeout,
               "default_permissions": True}
     if opts.allow_other:
         kwargs["allow_other"] = True
