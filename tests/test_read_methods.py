@@ -267,3 +267,41 @@ def test_the_fixed_views_are_the_cgroups(results):
         mem = got["/proc/meminfo"]
         assert isinstance(mem, bytes) and re.search(rb"MemTotal:\s+524288 kB", mem), layout
     assert results("run")["busybox-cat"]["/sys/devices/system/cpu/online"] == b"0\n"
+
+
+def test_mappings_of_renderings_made_per_read_never_tear(tmp_path):
+    """Per-caller layout, /proc/stat and /proc/uptime (rendered afresh on every open):
+    four processes map them (private, st_size, touched to the end) 1500 times each while
+    a sendfile reader and a read() reader go on beside them, so renderings change between
+    every two opens and short page-cache fills keep lowering the shared inode's size while
+    other opens raise it again. Each of the 12,000 mappings must hold one whole rendering
+    and zeros, never two renderings, a cut one, or a SIGBUS; each read() too. (The sendfile
+    reader here only loads the inode: a sendfile racing other readers' page-cache reads of
+    the same file can be cut or padded, docs/mount.md.)"""
+    files = ["/proc/stat", "/proc/uptime"]
+    with private_mountpoint() as mpp:
+        mp = str(mpp)
+        with mounted(mp, log=str(tmp_path / "log")):
+            shapes = {}
+            for f in files:
+                with open(mp + f, "rb") as fh:
+                    shapes[mp + f] = shape(fh.read())
+            assert not bad_stat(Path(mp, "proc/stat").read_bytes(), cpus_of(
+                Path(mp, "sys/devices/system/cpu/online").read_bytes()))
+
+            def start(mode: str, rounds: int) -> subprocess.Popen[str]:
+                return subprocess.Popen(
+                    [sys.executable, str(KIT / "mapper.py"), mode, str(rounds),
+                     json.dumps(shapes), *(mp + f for f in files)],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+            modes = ["mmap"] * 4 + ["sendfile", "read"]
+            procs = [start(m, 1500) for m in modes]
+            outs = {}
+            for i, p in enumerate(procs):
+                out, err = p.communicate(timeout=600)
+                assert p.returncode == 0, (modes[i], p.returncode, err[-1000:])
+                outs[f"{modes[i]}-{i}"] = json.loads(out)
+    assert [o["reads"] for o in outs.values()] == [3000] * 6
+    checked = {k: o for k, o in outs.items() if not k.startswith("sendfile")}
+    assert all(o["not_whole"] == 0 for o in checked.values()), outs

@@ -249,7 +249,7 @@ def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
     ops = make_operations(fuse, srv)  # type: ignore[arg-type]
     srv.data = b"y" * (PAGE + 1)
     assert ops.getattr("/proc/stat")["st_size"] == 2 * PAGE        # 4097 bytes: two pages
-    fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0)
+    fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0, lock_owner=1)
     ops.open("/proc/stat", fi)
     srv.data = b"z" * 10                                            # renders differ now
     assert ops.getattr("/proc/stat", fi)["st_size"] == 2 * PAGE     # fstat: the handle's
@@ -257,7 +257,7 @@ def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
     assert ops.read("/proc/stat", 65536, 0, fi) == b"z" * 10        # offset 0 again: fresh
     assert ops.read("/proc/stat", 65536, 5, fi) == b"z" * 5
     assert ops.getattr("/proc/stat", fi)["st_size"] == PAGE
-    other = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0)
+    other = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0, lock_owner=1)
     ops.open("/proc/uptime", other)                     # no LOOKUP before it: rendered at
     assert ops.read("/proc/uptime", 65536, 0, other) == b"z" * 10   # its first read
     assert ops.getattr("/proc/meminfo")["st_size"] == PAGE   # never 0: sendfile reads it

@@ -36,7 +36,8 @@ from guestfs.system.oneline import one_line
 from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid
 
 log = logging.getLogger("guestfs.mount")
-ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
+ATTR_TIMEOUT = 0.5  # kernel entry cache (and attributes of page-cached files' directories)
+DIRECT_ATTR_TIMEOUT = 0.0  # attributes of files served through the daemon: see serve()
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
@@ -224,17 +225,17 @@ def serve(opts: MountOptions) -> int:
     # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
     cached = layout != "per-caller" and "fuse3" in binding.libfuse \
         and binding.name.startswith("mfusepy")
-    attr_timeout = min(opts.cache_ttl, REVALIDATE) if cached else ATTR_TIMEOUT
-    # Served through the daemon, every open must look its file up: the LOOKUP renders it
-    # for the opener and sets the inode's size from that rendering (fusefs.reported_size),
-    # which sendfile, splice and mmap stop at. Page-cached files keep their entries.
-    entry_timeout = ATTR_TIMEOUT if cached else 0.0
+    # Served through the daemon, attributes are never cached: with default_permissions
+    # (privileges.py) every open then asks for its file's, and that GETATTR renders the
+    # file for the opener and sets the shared inode's size from it (fusefs.reported_size),
+    # which sendfile, splice and mmap stop at; an fstat asks for the open handle's own.
+    attr_timeout = min(opts.cache_ttl, REVALIDATE) if cached else DIRECT_ATTR_TIMEOUT
     kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
-              "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": entry_timeout,
+              "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
               "default_permissions": True}
     if opts.allow_other:
         kwargs["allow_other"] = True
-    ops = make_operations(binding.module, server, layout, ATTR_TIMEOUT)
+    ops = make_operations(binding.module, server, layout, DIRECT_ATTR_TIMEOUT)
     server.serving.update(layout=layout, page_cache=cached)
     if server.fixed_view and opts.cgroup is None:
         # Whose view --view self serves: a run reusing this mount checks it is its own.

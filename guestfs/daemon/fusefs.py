@@ -6,7 +6,9 @@ a --per-container mount has that layout once per container, under MOUNT/<key>/.
 
 Two ways of serving (docs/mount.md, "How reads are served"):
 - per caller (the LXCFS-style shared mount): every open and read reaches the daemon
-  (direct_io), which answers each reader with its own container's numbers;
+  (direct_io), which answers each reader with its own container's numbers; attributes
+  are not cached, so each open's GETATTR sizes the file by the opener's own rendering,
+  which that open then serves (reported_size: sendfile, splice and mmap stop at it);
 - page cache (a fixed view, or a per-container directory: every reader of a file gets the
   same bytes): open answers ENOSYS, so the kernel stops sending OPEN for the connection
   (no_open) and serves reads from its page cache; the daemon renders on the GETATTR that
@@ -59,18 +61,18 @@ def reported_size(data: bytes) -> int:
     was rendered for: its length rounded up to whole pages, at least one.
 
     Why a size at all, when direct_io reads ignore it: sendfile(2) and splice(2) (busybox
-    ``cat``) read a FUSE file through the page cache even with direct_io, up to i_size
-    only, so a size of 0 read nothing; a private mmap faults pages in below i_size only;
-    Node's readFile and the JVM size their buffer by st_size and Node stops there. Why
-    this size: it holds the whole rendering the same reader then reads (the LOOKUP that
-    reported it rendered it, and the open that follows serves exactly that rendering), and
-    the content's end lies in its last page, so a mapping of st_size touched to its end
-    never reaches a page past the content (SIGBUS). The first short READ of a page-cache
-    read lowers the kernel's i_size to the content's end (fuse_short_read), so sendfile
-    stops there and not at the zeros. Rounded rather than exact because the inode, and so
-    i_size, is shared by every reader of the mount: another reader's LOOKUP landing
-    between this reader's LOOKUP and its read sets its own size, which is the same page
-    count unless the two renderings differ by a page."""
+    ``cat``) read a FUSE file through the page cache even with direct_io
+    (filemap_splice_read), up to i_size only, so a size of 0 read nothing; a private mmap
+    faults pages in below i_size only; Node's readFile sizes its buffer by st_size and
+    stops there. Why this size: it holds the whole rendering the same reader then reads
+    (the GETATTR of its open rendered it, and the open serves exactly that rendering), and
+    the content ends in its last page, so a mapping of st_size touched to its end never
+    reaches a page past the content (SIGBUS). The short READ that fills the page lowers
+    the kernel's i_size to the content's end (fuse_short_read), so sendfile stops there,
+    not at the zeros after it. Rounded rather than exact because the inode, and so i_size,
+    is shared by every reader of the mount: another reader's open landing between this
+    reader's open and its read sets its own size, the same page count unless the two
+    renderings differ by a page."""
     return max(PAGE, -(-len(data) // PAGE) * PAGE)
 
 
@@ -121,10 +123,11 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
         def __init__(self) -> None:
             self._per_handle = OpenRenderings()
             self._next = itertools.count(1)  # next() on a count is atomic in CPython
-            # Served through the daemon, a LOOKUP (or stat) renders the file for the asking
-            # reader and reports that rendering's size (reported_size); the open that
-            # follows in the same thread takes it, so what is read is what was sized. The
-            # entry timeout is 0 there (commands/mount.py), so every open looks up.
+            # Served through the daemon, a GETATTR by path (a stat, or the permission check
+            # of an open: attributes are never cached there, commands/mount.py) renders the
+            # file for the asking reader and reports that rendering's size (reported_size);
+            # the open that follows in the same thread takes it, so what is read is what
+            # was sized.
             self._sized: dict[tuple[object, str], bytes] = {}
             self._sized_lock = threading.Lock()
             # The page cache path: decided in init (it needs libfuse3's config) and
@@ -176,7 +179,6 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             server.serving["page_cache"] = False
             if self._config is not None:
                 self._config.attr_timeout = direct_timeout
-                self._config.entry_timeout = 0.0   # every open looks up: reported_size
             log.warning("%s: serving every read through the daemon (direct_io)", why)
 
         # ------------------------------------------------------------ paths
@@ -233,16 +235,23 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
         def _sized_for(self, path: str, sub: str, cgroup: str | None, fh: Any) -> bytes:
             """The rendering a direct_io file's size is reported from: an open handle's
             own (fstat: libfuse passes the handle), else one made now for the asking
-            reader and kept for the open that follows (a LOOKUP: the path walk of an
-            open, or a stat)."""
+            reader and kept for the open that follows (the open's permission check, a
+            LOOKUP, or a stat)."""
             if fh is not None:
                 data = self._per_handle.get(fh.fh)
                 if data is None:  # sized before its first read: that read serves this
                     data = render(sub, cgroup)[1]
                     self._per_handle.put(fh.fh, data, unread=True)
                 return data
-            who = server.reader(fuse.fuse_get_context()[2])
-            data = render(sub, cgroup)[1]
+            pid = fuse.fuse_get_context()[2]
+            try:
+                data = server.render_until(sub, pid, cgroup)[1]
+            except UnseenReader:
+                # Its read will be refused (counted and logged there); a stat still
+                # answers, with one page, as for any file that fits in one.
+                return b""
+            ops.calls["render"] += 1
+            who = server.reader(pid)
             with self._sized_lock:
                 if len(self._sized) >= SIZED_ENTRIES:  # stat()s never followed by an open
                     self._sized.pop(next(iter(self._sized)))
@@ -297,8 +306,9 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             fi.direct_io = 1
             fi.fh = next(self._next)
             who = server.reader(fuse.fuse_get_context()[2])
-            data = self._sized.pop((who, path), None)
-            if data is not None:  # the rendering this open's LOOKUP reported the size of
+            with self._sized_lock:
+                data = self._sized.pop((who, path), None)
+            if data is not None:  # the rendering this open's GETATTR reported the size of
                 self._per_handle.put(fi.fh, data, unread=True)
             return 0
 
@@ -323,7 +333,12 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             fh = fi.fh
             data = self._per_handle.take_unread(fh)
             if data is None:
-                data = None if offset == 0 else self._per_handle.get(fh)
+                # A READ without a lock owner is the kernel filling pages (a fault of a
+                # mapping, sendfile, splice), not a read() of the process: it gets the
+                # handle's rendering, so a page dropped and faulted in again under a
+                # mapping comes back with the same bytes.
+                fresh = offset == 0 and fi.lock_owner != 0
+                data = None if fresh else self._per_handle.get(fh)
                 if data is None:
                     data = render(sub, cgroup)[1]
                     self._per_handle.put(fh, data)

@@ -22,8 +22,8 @@ class OpenRenderings:
     4-byte file are bounded too). A handle held open past that many newer renderings gets a
     fresh rendering at its next read.
 
-    A rendering put with ``unread=True`` (the one a LOOKUP sized the file by, handed to the
-    open that followed) is what the handle's first read serves, whatever its offset:
+    A rendering put with ``unread=True`` (the one a GETATTR sized the file by, handed to
+    the open that followed) is what the handle's first read serves, whatever its offset:
     ``take_unread`` returns it once.
     """
 

@@ -145,6 +145,11 @@ def libc_fgets(path: str) -> bytes:
         libc.fclose(f)
 
 
+def python_open_read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def program(*argv: str) -> Callable[[str], bytes]:
     def read(path: str) -> bytes:
         if shutil.which(argv[0]) is None:
@@ -167,7 +172,7 @@ IN_PROCESS: dict[str, Callable[[str], bytes]] = {
     "mmap-private": mapped(mmap.MAP_PRIVATE),
     "mmap-shared": mapped(mmap.MAP_SHARED),
     "libc-fgets": libc_fgets,
-    "python-open-read": lambda p: open(p, "rb").read(),
+    "python-open-read": python_open_read,
     "python-read_text": lambda p: pathlib.Path(p).read_text().encode(),
     "busybox-cat": program("busybox", "cat"),
     "gnu-cat": program("cat"),
