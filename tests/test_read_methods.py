@@ -305,3 +305,34 @@ def test_mappings_of_renderings_made_per_read_never_tear(tmp_path):
     assert [o["reads"] for o in outs.values()] == [3000] * 6
     checked = {k: o for k, o in outs.items() if not k.startswith("sendfile")}
     assert all(o["not_whole"] == 0 for o in checked.values()), outs
+
+
+SENDFILE = """
+import os, sys
+fd, (r, w) = os.open(sys.argv[1], os.O_RDONLY), os.pipe()
+out = b""
+while os.sendfile(w, fd, None, 65536):
+    out += os.read(r, 1 << 20)
+sys.stdout.buffer.write(out)
+"""
+
+
+def test_a_longer_view_read_after_a_shorter_one_is_whole(cgroup, tmp_path):
+    """Per-caller layout, two views of one file: a reader in the test's cgroup (created a
+    moment ago, so its uptime is short) reads /proc/uptime with sendfile, which lowers the
+    shared inode's size to its rendering's end; right after it (well within the 0.5 s
+    attributes were once cached for) busybox cat in the host's view, whose uptime has
+    more digits, must still get its whole rendering: each open sets the size from its own
+    reader's rendering."""
+    with private_mountpoint() as mpp:
+        mp = str(mpp)
+        with mounted(mp, log=str(tmp_path / "log")):
+            uptime = f"{mp}/proc/uptime"
+            host_view = Path(uptime).read_bytes()
+            for _ in range(20):
+                small = in_cgroup(cgroup, [sys.executable, "-c", SENDFILE, uptime])
+                assert small.returncode == 0, small.stderr
+                big = subprocess.run(["busybox", "cat", uptime], capture_output=True)
+                assert len(small.stdout) < len(host_view), (small.stdout, host_view)
+                assert not bad_uptime(small.stdout.encode(), 0), small.stdout
+                assert not bad_uptime(big.stdout, 0), big.stdout
