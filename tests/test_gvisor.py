@@ -1,8 +1,8 @@
 """guestfs inside gVisor (Debian's runsc, release 20221219): `guestfs run -- free -m` in
 `runsc do` serves the limit from GUESTFS_MEMORY_LIMIT (the sandbox sees no host cgroup) and
-full files. What this sandbox's FUSE client needs is found at runtime: it stops reading at
-st_size even with direct_io (so guestfs reports sizes), and an open file cannot be re-read
-after lseek (so `guestfs run` binds regular copies)."""
+full files. This sandbox's FUSE client stops reading at st_size even with direct_io (every
+size guestfs reports holds its reader's rendering), and an open file cannot be re-read
+after lseek, which is found at runtime (so `guestfs run` binds regular copies)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,7 @@ def test_guestfs_run_free_inside_gvisor():
     # Full, untruncated: every line the sandbox's own file has, and the whole cpuinfo.
     assert list(got) == list(meminfo_kb(sandbox_meminfo))
     assert meminfo.endswith(" kB\n") and cpuinfo == sandbox_cpuinfo
-    # gVisor's client stops at st_size: files reporting 0 switch the daemon to sized mode;
-    # where every file fits in the page it reports, no switch is needed (docs/mount.md).
-    assert ("stops reading at the file size" in out.stderr
-            or "every served file reports one page" in out.stderr), out.stderr
+    # gVisor's client stops at st_size: every file reports a size that holds its reader's
+    # rendering, so no probe or switch is needed (docs/mount.md).
+    assert "reports a size that holds its reader's whole rendering" in out.stderr, out.stderr
     assert "cannot be re-read after lseek" in out.stderr

@@ -216,20 +216,16 @@ def test_thread_states_are_read_once_per_view_not_per_read():
     assert any(p.endswith("/cpu.stat") for p in host.reads)
 
 
-def test_files_report_one_page_only_while_every_rendering_fits_in_one(copy_fixture):
-    """st_size is one page for files that fit in one (so a private mmap has a page to
-    fault in) and procfs's 0 for longer ones, and for a file once a rendering outgrew it."""
+def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
+    """Served through the daemon, a LOOKUP renders the file for its reader and reports
+    that rendering's length in whole pages; the open that follows serves exactly that
+    rendering at its first read (whatever the server renders meanwhile), an fstat of the
+    open handle reports its size, and a later read at offset 0 renders afresh."""
     import types
 
-    from guestfs.daemon.fusefs import PAGE, make_operations, page_sized_files
+    from guestfs.daemon.fusefs import PAGE, make_operations
 
-    root = copy_fixture("k8s-systemd-v2-burstable")
-    (root / "proc/cpuinfo").write_text("processor\t: 0\n" * 400)   # 5600 bytes
-    host = HostRoot(str(root))
-    paged = page_sized_files(host)
-    assert "/proc/cpuinfo" not in paged
-    assert {"/proc/meminfo", "/sys/devices/system/cpu/online"} <= paged
-    assert not {"/proc/stat", "/proc/uptime"} & paged   # rendered per read: size 0
+    host = HostRoot(str(copy_fixture("k8s-systemd-v2-burstable")))
 
     class FakeServer:
         def __init__(self) -> None:
@@ -251,11 +247,17 @@ def test_files_report_one_page_only_while_every_rendering_fits_in_one(copy_fixtu
                                  fuse_get_context=lambda: (0, 0, 7))
     srv = FakeServer()
     ops = make_operations(fuse, srv)  # type: ignore[arg-type]
-    assert ops.getattr("/proc/cpuinfo")["st_size"] == 0
-    assert ops.getattr("/proc/meminfo")["st_size"] == PAGE
-    assert ops.size_probe == "/proc/cpuinfo"
-    fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0)
-    ops.open("/proc/meminfo", fi)
     srv.data = b"y" * (PAGE + 1)
-    assert ops.read("/proc/meminfo", 65536, 0, fi) == srv.data
-    assert ops.getattr("/proc/meminfo")["st_size"] == 0
+    assert ops.getattr("/proc/stat")["st_size"] == 2 * PAGE        # 4097 bytes: two pages
+    fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0, lock_owner=1)
+    ops.open("/proc/stat", fi)
+    srv.data = b"z" * 10                                            # renders differ now
+    assert ops.getattr("/proc/stat", fi)["st_size"] == 2 * PAGE     # fstat: the handle's
+    assert ops.read("/proc/stat", 100, PAGE, fi) == b"y"            # first read: its size's
+    assert ops.read("/proc/stat", 65536, 0, fi) == b"z" * 10        # offset 0 again: fresh
+    assert ops.read("/proc/stat", 65536, 5, fi) == b"z" * 5
+    assert ops.getattr("/proc/stat", fi)["st_size"] == PAGE
+    other = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0, lock_owner=1)
+    ops.open("/proc/uptime", other)                     # no LOOKUP before it: rendered at
+    assert ops.read("/proc/uptime", 65536, 0, other) == b"z" * 10   # its first read
+    assert ops.getattr("/proc/meminfo")["st_size"] == PAGE   # never 0: sendfile reads it

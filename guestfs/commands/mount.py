@@ -37,7 +37,8 @@ from guestfs.system.oneline import one_line
 from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid
 
 log = logging.getLogger("guestfs.mount")
-ATTR_TIMEOUT = 0.5  # kernel attr/entry cache; the files never change shape
+ATTR_TIMEOUT = 0.5  # kernel entry cache (and attributes of page-cached files' directories)
+DIRECT_ATTR_TIMEOUT = 0.0  # attributes of files served through the daemon: see serve()
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
@@ -73,30 +74,19 @@ def _read_own(mp: str, name: str) -> bytes | None:
 
 
 def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
-    """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
-    procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
-    switch the operations to reporting real sizes."""
+    """Read our own mount once it serves: a FUSE client that does not honour no_open
+    (page-cached files unreadable) turns the page cache off."""
     if not wait_until(lambda: _read_own(mp, "") is not None, timeout, 0.05):
-        log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
+        log.warning("%s did not start serving within %gs; client probe skipped", mp, timeout)
         return
     if ops.page_cache and not _read_own(mp, ops.probe_path):  # type: ignore[attr-defined]
         # Served from the page cache, a read goes through no open of ours: a client that
         # does not honour ENOSYS from open (no_open) fails it instead.
         ops.disable_page_cache("this FUSE client does not read page-cached files")  # type: ignore[attr-defined]
-    probe = ops.size_probe  # type: ignore[attr-defined]
-    if probe is None:
-        log.info("every served file reports one page, which its content fits in: no size "
-                 "probe needed")
-        return
-    data = _read_own(mp, probe)
-    if data is None:
-        log.warning("size probe failed: %s%s could not be read", mp, probe)
-        return
-    empty = not data
-    if empty:
-        ops.sized = True  # type: ignore[attr-defined]
-        log.warning("this FUSE client stops reading at the file size even with direct_io "
-                    "(gVisor does): reporting each file's rendered size from now on")
+    # No size probe: every file reports a size that holds its reader's rendering
+    # (fusefs.reported_size), so a client that stops reading at st_size even with
+    # direct_io (gVisor's) still reads it whole.
+    log.info("every served file reports a size that holds its reader's whole rendering")
 
 
 def prepare_mountpoint(mp: str) -> None:
@@ -238,13 +228,17 @@ def serve(opts: MountOptions) -> int:
     # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
     cached = layout != "per-caller" and "fuse3" in binding.libfuse \
         and binding.name.startswith("mfusepy")
-    attr_timeout = min(opts.cache_ttl, REVALIDATE) if cached else ATTR_TIMEOUT
+    # Served through the daemon, attributes are never cached: with default_permissions
+    # (privileges.py) every open then asks for its file's, and that GETATTR renders the
+    # file for the opener and sets the shared inode's size from it (fusefs.reported_size),
+    # which sendfile, splice and mmap stop at; an fstat asks for the open handle's own.
+    attr_timeout = min(opts.cache_ttl, REVALIDATE) if cached else DIRECT_ATTR_TIMEOUT
     kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
               "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
               "default_permissions": True}
     if opts.allow_other:
         kwargs["allow_other"] = True
-    ops = make_operations(binding.module, server, layout, ATTR_TIMEOUT)
+    ops = make_operations(binding.module, server, layout, DIRECT_ATTR_TIMEOUT)
     server.serving.update(layout=layout, page_cache=cached)
     if server.fixed_view and opts.cgroup is None:
         # Whose view --view self serves: a run reusing this mount checks it is its own.

@@ -6,7 +6,9 @@ a --per-container mount has that layout once per container, under MOUNT/<key>/.
 
 Two ways of serving (docs/mount.md, "How reads are served"):
 - per caller (the LXCFS-style shared mount): every open and read reaches the daemon
-  (direct_io), which answers each reader with its own container's numbers;
+  (direct_io), which answers each reader with its own container's numbers; attributes
+  are not cached, so each open's GETATTR sizes the file by the opener's own rendering,
+  which that open then serves (reported_size: sendfile, splice and mmap stop at it);
 - page cache (a fixed view, or a per-container directory: every reader of a file gets the
   same bytes): open answers ENOSYS, so the kernel stops sending OPEN for the connection
   (no_open) and serves reads from its page cache; the daemon renders on the GETATTR that
@@ -21,6 +23,7 @@ import itertools
 import logging
 import os
 import stat
+import threading
 import time
 from collections import Counter
 from types import ModuleType
@@ -28,10 +31,9 @@ from typing import Any
 
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
-from guestfs.daemon.server import UNCACHED, UnseenReader, ViewServer
+from guestfs.daemon.server import UnseenReader, ViewServer
 from guestfs.render.files import SERVED_FILES
 from guestfs.sources.containerdirs import BadKey, cgroup_exists, path_of_key
-from guestfs.sources.host_root import HostRoot
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
@@ -50,39 +52,30 @@ CAP_AUTO_INVAL_DATA = 1 << 12
 CAP_NO_OPEN_SUPPORT = 1 << 17
 CALL_KINDS = ("getattr", "open", "read", "readdir", "render")
 PAGE = 4096
-# A /proc file whose host original is longer than this may outgrow one page once rendered
-# (digits differ from the host's): it keeps procfs's size 0.
-PAGE_MARGIN = 1024
 
 log = logging.getLogger("guestfs.fusefs")
 
 
-def page_sized_files(host: HostRoot) -> set[str]:
-    """The served files reported as one page long (sysfs's convention) rather than 0.
+def reported_size(data: bytes) -> int:
+    """st_size of a file served through the daemon (direct_io), for the reader ``data``
+    was rendered for: its length rounded up to whole pages, at least one.
 
-    Why: a file's size is what the kernel's mmap of it checks. A private mmap of a FUSE file
-    opened with direct_io goes through the page cache, and with a size of 0 its first access
-    is SIGBUS — FUSE gives the server no way to refuse the mmap itself. With a size of one
-    page the fault reads page 0 through our read() for the mapping's own open, so the
-    mapping holds that reader's bytes (then zeros, as sysfs files do). Only files that
-    always fit in a page can say so: a larger size would make readers that trust st_size
-    (Node's readFile) stop early or mmap pages past the end, and a size of one page for a
-    longer file would cut them short."""
-    paged = set()
-    for f in SERVED_FILES:
-        if f in UNCACHED:
-            # Rendered afresh on every read (stat, uptime): the kernel may fill a mapped
-            # page with more than one read, and two renderings would tear it (seen under
-            # load: a /proc/stat page cut before its last newline). Size 0: mmap() fails
-            # cleanly with EINVAL, as for an empty file.
-            continue
-        if f.startswith("/sys/"):
-            paged.add(f)
-            continue
-        text = host.try_read_text(f)
-        if text is None or len(text.encode()) <= PAGE - PAGE_MARGIN:
-            paged.add(f)  # absent on the host (no PSI): ours is a few fixed lines
-    return paged
+    Why a size at all, when direct_io reads ignore it: sendfile(2) and splice(2) (busybox
+    ``cat``) read a FUSE file through the page cache even with direct_io
+    (filemap_splice_read), up to i_size only, so a size of 0 read nothing; a private mmap
+    faults pages in below i_size only; Node's readFile sizes its buffer by st_size and
+    stops there. Why this size: it holds the whole rendering the same reader then reads
+    (the GETATTR of its open rendered it, and the open serves exactly that rendering), and
+    the content ends in its last page, so a mapping of st_size touched to its end never
+    reaches a page past the content (SIGBUS). The short READ that fills the page lowers
+    the kernel's i_size to the content's end (fuse_short_read), so sendfile stops there,
+    not at the zeros after it. Whole pages rather than the exact length because the inode,
+    its page cache and its i_size are shared by every reader of the mount: the page a
+    mapping shows may have been filled by another reader's open with a longer rendering,
+    which a mapping of the exact length (its fstat) would cut (measured with four
+    concurrent mappers of /proc/stat, tests/readkit/mapper.py: 19 to 52 of each 3000
+    mappings cut with exact sizes, none with whole pages)."""
+    return max(PAGE, -(-len(data) // PAGE) * PAGE)
 
 
 def _tree() -> tuple[dict[str, list[str]], set[str]]:
@@ -113,7 +106,6 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}")
     dirs, files = _tree()
-    paged = page_sized_files(server.host)
     t = time.time_ns()  # every directory carries the mount's start time
     erofs = fuse.FuseOSError(errno.EROFS)
     enoent = fuse.FuseOSError(errno.ENOENT)
@@ -133,11 +125,13 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
         def __init__(self) -> None:
             self._per_handle = OpenRenderings()
             self._next = itertools.count(1)  # next() on a count is atomic in CPython
-            # Sized mode, for FUSE implementations that stop reading at st_size even with
-            # direct_io (gVisor): getattr renders the file for the asking pid and reports
-            # its length; that same rendering is what the next open of it serves.
-            self.sized = False
+            # Served through the daemon, a GETATTR by path (a stat, or the permission check
+            # of an open: attributes are never cached there, commands/mount.py) renders the
+            # file for the asking reader and reports that rendering's size (reported_size);
+            # the open that follows in the same thread takes it, so what is read is what
+            # was sized.
             self._sized: dict[tuple[object, str], bytes] = {}
+            self._sized_lock = threading.Lock()
             # The page cache path: decided in init (it needs libfuse3's config) and
             # turned off again if the FUSE client does not honour no_open (probe).
             self.page_cache = False
@@ -159,14 +153,6 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
         def probe_path(self) -> str:
             """A file every layout serves at the mount's root, to see that it serves."""
             return STATUS_PATH if per_container else "/sys/devices/system/cpu/online"
-
-        @property
-        def size_probe(self) -> str | None:
-            """A served file whose reported size is 0, to find out whether the FUSE client
-            reads past st_size (docs/mount.md); None when every file reports its size."""
-            if self.page_cache:
-                return None   # every file reports its rendered size
-            return next((f for f in sorted(SERVED_FILES) if f not in paged), None)
 
         # ------------------------------------------------------------ setup
 
@@ -244,19 +230,35 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
                 return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": len(gen.data),
                         "st_mtime": gen.mtime_ns, "st_ctime": gen.mtime_ns,
                         "st_atime": gen.mtime_ns}
-            if self.sized:
-                who = server.reader(fuse.fuse_get_context()[2])
-                data = render(sub, cgroup)[1]
-                if len(self._sized) > SIZED_ENTRIES:  # stat()s never followed by open()
-                    self._sized.clear()
+            return {"st_mode": FILE_MODE, "st_nlink": 1, "st_mtime": t, "st_ctime": t,
+                    "st_atime": t, "st_size": reported_size(self._sized_for(path, sub, cgroup,
+                                                                            fh))}
+
+        def _sized_for(self, path: str, sub: str, cgroup: str | None, fh: Any) -> bytes:
+            """The rendering a direct_io file's size is reported from: an open handle's
+            own (fstat: libfuse passes the handle), else one made now for the asking
+            reader and kept for the open that follows (the open's permission check, a
+            LOOKUP, or a stat)."""
+            if fh is not None:
+                data = self._per_handle.get(fh.fh)
+                if data is None:  # sized before its first read: that read serves this
+                    data = render(sub, cgroup)[1]
+                    self._per_handle.put(fh.fh, data, unread=True)
+                return data
+            pid = fuse.fuse_get_context()[2]
+            try:
+                data = server.render_until(sub, pid, cgroup)[1]
+            except UnseenReader:
+                # Its read will be refused (counted and logged there); a stat still
+                # answers, with one page, as for any file that fits in one.
+                return b""
+            ops.calls["render"] += 1
+            who = server.reader(pid)
+            with self._sized_lock:
+                if len(self._sized) >= SIZED_ENTRIES:  # stat()s never followed by an open
+                    self._sized.pop(next(iter(self._sized)))
                 self._sized[(who, path)] = data
-                size = len(data)
-            else:
-                # One page for files that always fit in one (so mmap works), else
-                # procfs's 0; direct_io makes reads ignore it either way.
-                size = PAGE if sub in paged else 0
-            return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": size,
-                    "st_mtime": t, "st_ctime": t, "st_atime": t}
+            return data
 
         def _current(self, path: str, cgroup: str | None, sub: str) -> Generation:
             """The generation to report for ``path``: rendered afresh once the last one
@@ -300,15 +302,16 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
                 # The kernel remembers this for the whole connection (no_open) and from
                 # then on opens, reads from its page cache and closes without asking us.
                 raise fuse.FuseOSError(errno.ENOSYS)
-            # direct_io: every read reaches us, so a size of 0 neither truncates nor
-            # empties the file, and nothing stale is served from the page cache.
+            # direct_io: every read() reaches us, whatever the size, and nothing stale is
+            # served from the page cache (sendfile, splice and mmap still go through it:
+            # reported_size says how they get one whole rendering).
             fi.direct_io = 1
             fi.fh = next(self._next)
-            if self.sized:
-                who = server.reader(fuse.fuse_get_context()[2])
+            who = server.reader(fuse.fuse_get_context()[2])
+            with self._sized_lock:
                 data = self._sized.pop((who, path), None)
-                if data is not None:
-                    self._per_handle.put(fi.fh, data)
+            if data is not None:  # the rendering this open's GETATTR reported the size of
+                self._per_handle.put(fi.fh, data, unread=True)
             return 0
 
         def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
@@ -323,19 +326,23 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
                     gen = self._current(path, cgroup, sub)
                     gen.last_read = now
                 return gen.data[offset:offset + size]
-            # One rendering per open, made at offset 0: later offsets of the same open
-            # come from it, so a reader never sees a file torn between two renderings.
+            # A handle's first read, at any offset, serves the rendering its size was
+            # reported from. After that a read at offset 0 renders afresh, so a reader
+            # holding the file open and reading it again from the start (top, vmstat,
+            # procps) sees new numbers; reads at other offsets come from the handle's
+            # rendering, so no pass over the file is torn between two renderings.
             fh = fi.fh
-            data = None if offset == 0 and not self.sized else self._per_handle.get(fh)
+            data = self._per_handle.take_unread(fh)
             if data is None:
-                data = render(sub, cgroup)[1]
-                self._per_handle.put(fh, data)
-                if len(data) > PAGE and sub in paged:
-                    # Longer than the size we report: report 0 from now on (a reader that
-                    # trusts st_size would stop at the page).
-                    paged.discard(sub)
-                    log.warning("%s rendered %d bytes, more than one page: reporting size 0",
-                                sub, len(data))
+                # A READ without a lock owner is the kernel filling pages (a fault of a
+                # mapping, sendfile, splice), not a read() of the process: it gets the
+                # handle's rendering, so a page dropped and faulted in again under a
+                # mapping comes back with the same bytes.
+                fresh = offset == 0 and getattr(fi, "lock_owner", 1) != 0
+                data = None if fresh else self._per_handle.get(fh)
+                if data is None:
+                    data = render(sub, cgroup)[1]
+                    self._per_handle.put(fh, data)
             return data[offset:offset + size]
 
         def statfs(self, path: str) -> dict[str, int]:

@@ -21,6 +21,10 @@ class OpenRenderings:
     ``max_bytes`` (each counted with its dict and object overhead, so a million opens of a
     4-byte file are bounded too). A handle held open past that many newer renderings gets a
     fresh rendering at its next read.
+
+    A rendering put with ``unread=True`` (the one a GETATTR sized the file by, handed to
+    the open that followed) is what the handle's first read serves, whatever its offset:
+    ``take_unread`` returns it once.
     """
 
     ENTRY_OVERHEAD = 200  # bytes per entry beside the data: dict slot, int, bytes header
@@ -29,6 +33,7 @@ class OpenRenderings:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._data: dict[int, bytes] = {}
+        self._unread: set[int] = set()
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -42,8 +47,21 @@ class OpenRenderings:
     def get(self, fh: int) -> bytes | None:
         return self._data.get(fh)
 
-    def put(self, fh: int, data: bytes) -> None:
+    def take_unread(self, fh: int) -> bytes | None:
+        """The handle's rendering if no read has been served from it yet, else None; either
+        way it counts as read from now on."""
         with self._lock:
+            if fh not in self._unread:
+                return None
+            self._unread.discard(fh)
+            return self._data.get(fh)
+
+    def put(self, fh: int, data: bytes, unread: bool = False) -> None:
+        with self._lock:
+            if unread:
+                self._unread.add(fh)
+            else:
+                self._unread.discard(fh)
             old = self._data.pop(fh, None)
             if old is not None:
                 self._bytes -= len(old) + self.ENTRY_OVERHEAD
@@ -51,8 +69,9 @@ class OpenRenderings:
             self._bytes += len(data) + self.ENTRY_OVERHEAD
             while len(self._data) > 1 and (len(self._data) > self.max_entries
                                            or self._bytes > self.max_bytes):
-                gone = self._data.pop(next(iter(self._data)))
-                self._bytes -= len(gone) + self.ENTRY_OVERHEAD
+                oldest = next(iter(self._data))
+                self._unread.discard(oldest)
+                self._bytes -= len(self._data.pop(oldest)) + self.ENTRY_OVERHEAD
 
 
 @dataclass
