@@ -147,7 +147,8 @@ class PodPlan:
     labels: dict[str, str]      # the pod's own (what metadata.labels shows)
     annotations: dict[str, str]
     etc_hosts: str
-    node_name: str
+    node: Node
+    critical: bool = False      # a system-*-critical priority class
     grace_period: int = 30
 
     def container(self, name: str) -> ContainerPlan:
@@ -379,7 +380,8 @@ class _PodContext:
         return PodPlan(self.name, self.namespace, self.uid, workload, qos, sandbox, containers,
                        tuple(self.volumes.values()), cpu_req,
                        cpu_lim if cpu_declared else 0, mem_lim if mem_declared else 0,
-                       self.labels, self.annotations, _etc_hosts(), self.node.name, grace)
+                       self.labels, self.annotations, _etc_hosts(), self.node, self.critical,
+                       grace)
 
     def _pod_sc_rest(self) -> None:
         psc = self.pod_sc
@@ -528,23 +530,7 @@ class _PodContext:
         return km.Resources(cpu_r, cpu_l, mem_r, mem_l, extended)
 
     def _linux_resources(self, r: km.Resources, qos: str, sandbox_level: bool = False) -> Any:
-        """calculateLinuxResources (+ oom_score_adj and swap as generateLinuxContainerConfig
-        sets them)."""
-        pb = self.pb
-        out = pb.LinuxContainerResources(
-            cpu_shares=km.milli_cpu_to_shares(r.cpu_request or r.cpu_limit),
-            memory_limit_in_bytes=r.memory_limit)
-        if r.cpu_limit:
-            out.cpu_period = km.QUOTA_PERIOD
-            out.cpu_quota = km.milli_cpu_to_quota(r.cpu_limit)
-        if not sandbox_level:
-            out.oom_score_adj = km.oom_score_adj(qos, self.critical, r.memory_request,
-                                                 self.node.memory)
-            # kubelet with NodeSwap off on cgroup v1: swap limit = memory limit, when the
-            # memsw controller exists.
-            if self.node.swap_controller and r.memory_limit:
-                out.memory_swap_limit_in_bytes = r.memory_limit
-        return out
+        return linux_resources(r, qos, self.critical, self.node, sandbox_level)
 
     def _container(self, c: Fields, role: str, r: km.Resources, sandbox: Any,
                    grace: int) -> ContainerPlan:
@@ -755,6 +741,26 @@ class _PodContext:
 
 
 # ---------------------------------------------------------------------------------- helpers
+
+def linux_resources(r: km.Resources, qos: str, critical: bool, node: Node,
+                    sandbox_level: bool = False) -> Any:
+    """calculateLinuxResources, plus oom_score_adj and the swap limit as
+    generateLinuxContainerConfig sets them (the sandbox's carries neither)."""
+    pb = stubs.load()[0]
+    out = pb.LinuxContainerResources(
+        cpu_shares=km.milli_cpu_to_shares(r.cpu_request or r.cpu_limit),
+        memory_limit_in_bytes=r.memory_limit)
+    if r.cpu_limit:
+        out.cpu_period = km.QUOTA_PERIOD
+        out.cpu_quota = km.milli_cpu_to_quota(r.cpu_limit)
+    if not sandbox_level:
+        out.oom_score_adj = km.oom_score_adj(qos, critical, r.memory_request, node.memory)
+        # kubelet with NodeSwap off on cgroup v1: swap limit = memory limit, when the memsw
+        # controller exists.
+        if node.swap_controller and r.memory_limit:
+            out.memory_swap_limit_in_bytes = r.memory_limit
+    return out
+
 
 def _privileged(c: Fields) -> bool:
     sc = c.data.get("securityContext") or {}
