@@ -13,8 +13,9 @@ The images:
   content is the host's userland: every container of the image gets read-only binds of the
   host's /usr, /etc and real /lib* directories (LocalImage.binds), added by the kubelet
   stand-in as the stand-in for the image's layers;
-- guestfs: debian plus this checkout (with its .venv) bound read-only at the same path, its
-  .venv/bin first on PATH, so `guestfs` runs inside.
+- guestfs: debian plus this checkout (with its .venv, and the venv's interpreter when it
+  lives outside /usr) bound read-only at the same paths, .venv/bin first on PATH, so
+  `guestfs` runs inside.
 Variants (with_run=False, tmp="absent" or "ro") drop /run and a writable /tmp.
 """
 
@@ -243,10 +244,25 @@ def build(workdir: Path, ro_tmp_dir: Path,
             continue
         layer, binds = host_skeleton_layer(with_run, "absent" if tmp == "ro" else tmp)
         if base == "guestfs":
-            binds += (Bind(str(REPO), str(REPO)),)
+            binds += venv_binds()
         add(key, layer, image_config(layer, [], ["bash"],
                                      venv_env if base == "guestfs" else env), binds + tmp_bind)
     return images, content
+
+
+def venv_binds() -> tuple[Bind, ...]:
+    """This checkout (its .venv inside) and, when the venv's interpreter lives outside
+    /usr (pyenv), that interpreter's prefix: the venv's python is a symlink to it."""
+    binds = [Bind(str(REPO), str(REPO))]
+    cfg = REPO / ".venv" / "pyvenv.cfg"
+    if cfg.exists():
+        for line in cfg.read_text().splitlines():
+            key, _, val = line.partition("=")
+            if key.strip() == "home":
+                prefix = os.path.dirname(os.path.realpath(val.strip()))
+                if not prefix.startswith("/usr/") and prefix != "/usr":
+                    binds.append(Bind(prefix, prefix))
+    return tuple(binds)
 
 
 def ref_of(key: str) -> str:
