@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 import time
 from dataclasses import replace
 from typing import Any
@@ -171,7 +172,7 @@ class Pod:
                 self._host_path(v)
             elif v.kind == "emptyDir":
                 self.node.fs.makedirs(v.node_path)
-                os.chmod(self.node.fs.path(v.node_path), 0o777)
+                self.node.fs.chmod_dir(v.node_path, 0o777)
             elif v.kind == "configMap":
                 self._atomic_write(v.node_path, list(v.files))
             elif v.kind == "downwardAPI":
@@ -190,10 +191,8 @@ class Pod:
                 "FileOrCreate": "file", "Socket": "socket", "CharDevice": "char",
                 "BlockDevice": "block"}.get(v.host_type)
         if kind == "link":      # the kubelet stats through symlinks
-            st = os.stat(fs.path(v.node_path))
-            import stat as st_mod
-            kind = "dir" if st_mod.S_ISDIR(st.st_mode) else (
-                "file" if st_mod.S_ISREG(st.st_mode) else "other")
+            mode = os.stat(fs.path(v.node_path)).st_mode
+            kind = "dir" if stat.S_ISDIR(mode) else ("file" if stat.S_ISREG(mode) else "other")
         if want is not None and kind != want:
             raise PodFailed(f"hostPath volume {v.name}: {v.node_path} is "
                             f"{kind or 'missing'}, type {v.host_type} needs a {want}")
@@ -329,7 +328,21 @@ class Pod:
                 self._atomic_write(v.node_path, self._downward_files(v))
 
     # -- teardown
-    def remove(self) -> None:
+    def stop(self, grace: int = 0) -> None:
+        """Stop every container (last started first) and the sandbox; keep them for
+        status and logs. grace: StopContainer's timeout, seconds of SIGTERM before SIGKILL
+        (the kubelet uses plan.grace_period; 0 kills at once, the tests' default)."""
+        rt, pb = self.node.runtime, self.pb
+        for c in reversed(self.plan.containers):
+            cid = self.ids.get(c.name)
+            if cid:
+                rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=grace),
+                                 timeout=grace + 60)
+        if self.sandbox_id:
+            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=self.sandbox_id),
+                              timeout=60)
+
+    def remove(self, grace: int = 0) -> None:
         """Stop and remove every container and the sandbox, then the pod's cgroup and its
         directories on the node (idempotent)."""
         if self.removed:
@@ -337,16 +350,13 @@ class Pod:
         t = time.monotonic()
         rt, pb = self.node.runtime, self.pb
         try:
+            self.stop(grace)
             for c in reversed(self.plan.containers):
                 cid = self.ids.get(c.name)
                 if cid:
-                    rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0),
-                                     timeout=60)
                     rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid),
                                        timeout=60)
             if self.sandbox_id:
-                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=self.sandbox_id),
-                                  timeout=60)
                 rt.RemovePodSandbox(pb.RemovePodSandboxRequest(
                     pod_sandbox_id=self.sandbox_id), timeout=60)
             cgroups.remove_tree(self.node.hierarchies, self.cgroup_parent)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,15 @@ class NodeFS:
         with self._dir(node_dir, create=True, mode=mode):
             pass
 
+    def chmod_dir(self, node_dir: str, mode: int) -> None:
+        parent, name = os.path.split(node_dir.rstrip("/"))
+        with self._dir(parent, create=False) as dfd:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+
     def write_bytes(self, node_path: str, data: bytes, mode: int = 0o644) -> None:
         parent, name = os.path.split(node_path)
         with self._dir(parent, create=True) as dfd:
@@ -77,8 +87,6 @@ class NodeFS:
     def kind(self, node_path: str) -> str | None:
         """'dir', 'file', 'char', 'block', 'socket', 'link' or None if absent (no follow
         of the last component)."""
-        import stat
-
         try:
             st = os.lstat(self.path(node_path))
         except FileNotFoundError:
@@ -99,8 +107,6 @@ class NodeFS:
 
 
 def _rmtree_at(dfd: int, name: str) -> None:
-    import stat
-
     try:
         st = os.lstat(name, dir_fd=dfd)
     except FileNotFoundError:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.real
 
 MiB = 1 << 20
 IMAGES = {"registry.example/app:1.0": "busybox", "registry.example/guestfs:0.1": "guestfs"}
-TIMINGS: dict[str, list[float]] = {"up": [], "teardown": []}
+TIMINGS: dict[str, list[float]] = {"up": [], "teardown": [], "rss": []}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,7 +25,8 @@ def report_timings():
     yield
     if TIMINGS["up"]:
         print(f"\npods {len(TIMINGS['up'])}: up median {statistics.median(TIMINGS['up']):.3f}s,"
-              f" teardown median {statistics.median(TIMINGS['teardown']):.3f}s")
+              f" teardown median {statistics.median(TIMINGS['teardown']):.3f}s, containerd "
+              f"RSS peak {max(TIMINGS['rss']) / MiB:.1f} MiB")
 
 
 def run_yaml(node, tmp_path: Path, text: str, files: dict[str, str] | None = None,
@@ -41,6 +42,7 @@ def run_yaml(node, tmp_path: Path, text: str, files: dict[str, str] | None = Non
 
 
 def finish(pod) -> None:
+    TIMINGS["rss"].append(pod.node.rss())          # with this pod still running
     pod.remove()
     TIMINGS["up"].append(pod.timings["up"])
     TIMINGS["teardown"].append(pod.timings["teardown"])
