@@ -142,6 +142,11 @@ class CriNode:
         subprocess.run(["ctr", "--address", f"{s}/containerd.sock", "-n", "k8s.io", "images",
                         "import", str(archive)], check=True, capture_output=True, timeout=120)
         self.timings["image_import"] = time.monotonic() - t
+        for img in self.images.values():       # what the CRI plugin itself sees
+            status = self.image.ImageStatus(self.pb.ImageStatusRequest(
+                image=self.pb.ImageSpec(image=img.ref)), timeout=30)
+            if not status.image.id:
+                raise NodeError(f"CRI does not see the imported image {img.ref}")
         cgroups.ensure(self.hierarchies, self.cgroup_root)
         return self
 

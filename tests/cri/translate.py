@@ -332,6 +332,8 @@ class _PodContext:
             if c.get("restartPolicy") not in (None, "Always"):
                 raise c.fail("restartPolicy", "an init container's is Always or unset")
         mains = [(c, "main") for c in pod.subs("containers")]
+        if not mains:
+            raise pod.fail("containers", "a pod needs at least one container")
         for c, _ in mains:
             c.refuse("restartPolicy", "only init containers have one")
         specs = inits + mains
@@ -591,7 +593,8 @@ class _PodContext:
         return chosen if "/" in chosen else local_images.ref_of(chosen)
 
     def _program(self, c: Fields, name: str) -> tuple[list[str], list[str]]:
-        command, args = list(c.get("command") or []), list(c.get("args") or [])
+        command = [str(x) for x in c.get("command") or []]
+        args = [str(x) for x in c.get("args") or []]
         program = self.programs.get(name)
         if program is None:
             return command, args
