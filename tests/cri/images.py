@@ -15,7 +15,7 @@ The images:
   stand-in as the stand-in for the image's layers;
 - guestfs: debian plus this checkout (with its .venv, and the venv's interpreter when it
   lives outside /usr) bound read-only at the same paths, .venv/bin first on PATH, so
-  `guestfs` runs inside.
+  `guestfs` runs inside; ENTRYPOINT ["guestfs"], CMD ["explain"] as container/Dockerfile.
 Variants (with_run=False, tmp="absent" or "ro") drop /run and a writable /tmp.
 """
 
@@ -245,7 +245,10 @@ def build(workdir: Path, ro_tmp_dir: Path,
         layer, binds = host_skeleton_layer(with_run, "absent" if tmp == "ro" else tmp)
         if base == "guestfs":
             binds += venv_binds()
-        add(key, layer, image_config(layer, [], ["bash"],
+        # guestfs: container/Dockerfile's ENTRYPOINT and CMD, which the DaemonSet's
+        # args-only containers rely on.
+        entry, cmd = (["guestfs"], ["explain"]) if base == "guestfs" else ([], ["bash"])
+        add(key, layer, image_config(layer, entry, cmd,
                                      venv_env if base == "guestfs" else env), binds + tmp_bind)
     return images, content
 

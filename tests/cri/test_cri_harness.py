@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cri.images import REPO
 from tests.cri.translate import translate
 
 pytestmark = pytest.mark.real
@@ -363,5 +364,37 @@ def test_logs_and_init_containers_run_in_order(cri_node, tmp_path):
                 break
         assert out == "first\nsidecar\napp\n"
         assert pod.pid("app") > 1 and os.path.exists(f"/proc/{pod.pid('app')}")
+    finally:
+        finish(pod)
+
+
+def test_local_images_and_variants(cri_node, tmp_path):
+    """guestfs runs this checkout (the image's entrypoint, as container/Dockerfile's); the
+    -norun-tmp-ro variant has no /run and a read-only /tmp; busybox has no /run."""
+    pod = run_yaml(cri_node, tmp_path, """
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: images}
+        spec:
+          initContainers:
+            - name: entrypoint
+              image: registry.example/guestfs:0.1
+              args: ["--version"]
+          containers:
+            - name: bare
+              image: registry.example/guestfs-bare:0.1
+              command: ["sleep", "3600"]
+            - name: busybox
+              image: registry.example/app:1.0
+              command: ["sleep", "3600"]
+    """, images={**IMAGES, "registry.example/guestfs-bare:0.1": "guestfs-norun-tmp-ro"})
+    try:
+        assert pod.logs("entrypoint").startswith("guestfs ")
+        rc, out, _ = pod.exec("bare", ["sh", "-c", "command -v guestfs; test -e /run; echo $?; "
+                                       "touch /tmp/x 2>/dev/null; echo $?"])
+        assert (rc, out) == (0, f"{REPO}/.venv/bin/guestfs\n1\n1\n")
+        rc, out, _ = pod.exec("busybox", ["sh", "-c", "readlink /bin/cat; test -e /run; "
+                                          "echo $?; touch /tmp/x; echo $?"])
+        assert (rc, out) == (0, "/bin/busybox\n1\n0\n")
     finally:
         finish(pod)
