@@ -355,3 +355,24 @@ def test_deployment_replicas_refused(tmp_path):
     doc["spec"]["replicas"] = 1
     plan = translate(write(tmp_path, doc), images=IMAGES, node=NODE)
     assert plan.name.startswith("d-") and plan.workload == "d"
+
+
+def test_program_for_an_unknown_container_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"programs= names \['ap'\]"):
+        translate(write(tmp_path, BASE), images=IMAGES, node=NODE, programs={"ap": ["x"]})
+
+
+def test_configmap_of_another_namespace_is_not_found(tmp_path):
+    cm = {"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": "c", "namespace": "other"}, "data": {"k": "v"}}
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["volumes"].append({"name": "c", "configMap": {"name": "c"}})
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump_all([cm, doc]))
+    with pytest.raises(Untranslatable, match=r"pod\.yaml\[1\]\.spec\.volumes\[1\]\.configMap"
+                       r"\.name: no ConfigMap 'c' in namespace default"):
+        translate(path, images=IMAGES, node=NODE)
+    cm["metadata"]["namespace"] = "default"
+    path.write_text(yaml.safe_dump_all([cm, doc]))
+    plan = translate(path, images=IMAGES, node=NODE)
+    assert plan.volumes[1].files == (("k", b"v", 0o644),)

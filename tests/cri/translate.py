@@ -201,15 +201,21 @@ def load_documents(path: Path) -> list[tuple[str, dict]]:
 
 def translate_all(path: Path, images: dict[str, str] | None = None,
                   programs: dict[str, list[str]] | None = None,
-                  node: Node | None = None) -> list[PodPlan]:
-    """A PodPlan for every workload (Deployment, DaemonSet, Pod) of path."""
+                  node: Node | None = None, workload: str | None = None) -> list[PodPlan]:
+    """A PodPlan for every workload (Deployment, DaemonSet, Pod) of path, or for those
+    whose metadata.name is `workload`."""
     docs = load_documents(path)
-    configmaps = {d["metadata"]["name"]: (where, d) for where, d in docs
-                  if d.get("kind") == "ConfigMap"}
+    configmaps = {}
+    for where, d in docs:
+        if d.get("kind") == "ConfigMap":
+            _check_configmap(where, d)
+            meta = d.get("metadata") or {}
+            configmaps[(meta.get("namespace") or "default", meta.get("name"))] = (where, d)
     plans = []
     for index, (where, doc) in enumerate(docs):
         if doc.get("kind") == "ConfigMap":
-            _check_configmap(where, doc)
+            continue
+        if workload is not None and (doc.get("metadata") or {}).get("name") != workload:
             continue
         plans.append(_translate_workload(where, doc, configmaps, images or {},
                                          programs or {}, node or Node.this_machine(),
@@ -226,9 +232,7 @@ def translate(path: Path, images: dict[str, str] | None = None,
     "debian", "guestfs", variants) or full local references; programs maps container
     names to the program that replaces the app's (see the module docstring).
     """
-    plans = translate_all(path, images, programs, node)
-    if workload is not None:
-        plans = [p for p in plans if p.workload == workload]
+    plans = translate_all(path, images, programs, node, workload)
     if len(plans) != 1:
         names = [p.workload for p in plans]
         raise ValueError(f"{path}: {len(plans)} workloads {names}; name one with workload=")
@@ -340,6 +344,10 @@ class _PodContext:
         self.container_names = [c.get("name") for c, _ in specs]
         if len(set(self.container_names)) != len(specs):
             raise pod.fail("containers", "container names must be unique")
+        unknown = sorted(set(self.programs) - set(self.container_names))
+        if unknown:
+            raise ValueError(f"programs= names {unknown}, not containers of "
+                             f"{workload} ({self.container_names})")
         self.volumes = {v.name: v for v in self._volumes()}
         resources = {c.get("name"): self._resources(c) for c, _ in specs}
         self.resources = resources
@@ -449,11 +457,12 @@ class _PodContext:
     def _configmap_volume(self, name: str, src: Fields, node_path: str) -> VolumePlan:
         cm_name = src.get("name")
         mode = int(src.get("defaultMode", 0o644))
-        if cm_name not in self.configmaps:
+        if (self.namespace, cm_name) not in self.configmaps:
             if src.get("optional"):
                 return VolumePlan(name, "configMap", node_path)
-            raise src.fail("name", f"no ConfigMap {cm_name!r} in the same kustomization")
-        data = self.configmaps[cm_name][1].get("data") or {}
+            raise src.fail("name", f"no ConfigMap {cm_name!r} in namespace "
+                           f"{self.namespace} of the same kustomization")
+        data = self.configmaps[(self.namespace, cm_name)][1].get("data") or {}
         files = []
         items = src.subs("items")
         for item in items or [None]:
@@ -635,7 +644,7 @@ class _PodContext:
 
     def _configmap_key(self, ref: Fields) -> str:
         cm, key = ref.get("name"), ref.get("key")
-        data = (self.configmaps.get(cm, (None, {}))[1].get("data")) or {}
+        data = (self.configmaps.get((self.namespace, cm), (None, {}))[1].get("data")) or {}
         if key not in data:
             if ref.get("optional"):
                 return ""
