@@ -684,9 +684,12 @@ class _PodContext:
                               ("drop", out.capabilities.drop_capabilities)):
                 for i, cap in enumerate(caps.get(key) or []):
                     if str(cap).upper().startswith("CAP_"):
-                        # The kubelet passes names through; containerd prefixes CAP_ to each,
-                        # so CAP_SYS_ADMIN would become CAP_CAP_SYS_ADMIN.
-                        raise caps.fail(f"{key}[{i}]", f"{cap!r}: write it without CAP_")
+                        # The kubelet passes names through and containerd prefixes CAP_ to
+                        # each: CAP_SYS_ADMIN becomes CAP_CAP_SYS_ADMIN, which runc 1.1
+                        # ignores, so the container silently lacks it (measured here: CapEff
+                        # 0 with drop ALL + add CAP_SYS_ADMIN, 0x200000 with SYS_ADMIN).
+                        raise caps.fail(f"{key}[{i}]", f"{cap!r}: containerd would prefix "
+                                        "CAP_ again and runc drop it; write it without CAP_")
                     dest.append(str(cap))
         merged = {**self.pod_sc.data, **sc.data}
         self._run_as_values(merged, out, c.at("securityContext"), verify=True)
