@@ -303,17 +303,25 @@ class Pod:
     def update_resources(self, container: str, memory: int | None = None,
                          cpu_milli: int | None = None, memory_request: int | None = None,
                          cpu_request_milli: int | None = None) -> None:
-        """An in-place resize as the kubelet performs it (new limits, requests kept unless
-        given): the pod cgroup first when it grows and last when it shrinks, the
-        container's UpdateContainerResources, then the downward-API volume files."""
+        """An in-place resize as the kubelet performs it: the pod cgroup first when it
+        grows and last when it shrinks, the container's UpdateContainerResources, then the
+        downward-API volume files. Requests are kept unless given, except in a Guaranteed
+        pod, where they follow the limits (a resize may not change the QoS class); a
+        request above its limit is refused as the API server would."""
         old = self.resources[container]
-        new = replace(old,
-                      memory_limit=old.memory_limit if memory is None else memory,
-                      cpu_limit=old.cpu_limit if cpu_milli is None else cpu_milli,
-                      memory_request=old.memory_request if memory_request is None
-                      else memory_request,
-                      cpu_request=old.cpu_request if cpu_request_milli is None
-                      else cpu_request_milli)
+        memory = old.memory_limit if memory is None else memory
+        cpu_milli = old.cpu_limit if cpu_milli is None else cpu_milli
+        guaranteed = self.plan.qos == "Guaranteed"
+        new = replace(old, memory_limit=memory, cpu_limit=cpu_milli,
+                      memory_request=memory if guaranteed else (
+                          old.memory_request if memory_request is None else memory_request),
+                      cpu_request=cpu_milli if guaranteed else (
+                          old.cpu_request if cpu_request_milli is None else cpu_request_milli))
+        if km.qos_class([new]) != "Guaranteed" and guaranteed or (
+                new.memory_limit and new.memory_request > new.memory_limit) or (
+                new.cpu_limit and new.cpu_request > new.cpu_limit):
+            raise ValueError(f"resize of {container} to {new} is not allowed "
+                             f"(QoS {self.plan.qos}; a request may not exceed its limit)")
         grows = (new.memory_limit or 1 << 62) >= (old.memory_limit or 1 << 62)
         self.resources[container] = new
         if grows:

@@ -398,3 +398,19 @@ def test_local_images_and_variants(cri_node, tmp_path):
         assert (rc, out) == (0, "/bin/busybox\n1\n0\n")
     finally:
         finish(pod)
+
+
+def test_resize_keeps_requests_within_limits(cri_node, tmp_path):
+    pod = run_yaml(cri_node, tmp_path, VOLUMES)        # Burstable: requests 250m/128Mi
+    try:
+        with pytest.raises(ValueError, match="may not exceed"):
+            pod.update_resources("app", memory=64 * MiB)
+        pod.update_resources("app", memory=64 * MiB, memory_request=64 * MiB)
+        mem = Path(pod.cgroup_dir("memory", "app"), "memory.limit_in_bytes")
+        assert int(mem.read_text()) == 64 * MiB
+        assert pod.exec("app", ["cat", "/podinfo/mem_mib"])[1] == "64"
+        # The writer declares no limits: the pod cgroup has none to rewrite.
+        assert int(Path(pod.cgroup_dir("memory"), "memory.limit_in_bytes").read_text()) \
+            > 1 << 40
+    finally:
+        finish(pod)
