@@ -94,9 +94,16 @@ class Pod:
         cfg.annotations["io.kubernetes.container.restartCount"] = str(attempt)
         cfg.linux.resources.CopyFrom(linux_resources(self.resources[c.name], self.plan.qos,
                                                      self.plan.critical, self.plan.node))
+        # The image's content first: containerd orders mounts by depth, stably, so a pod
+        # volume at or under the same path is mounted over it, as over an image's dir.
+        pod_mounts = list(cfg.mounts)
+        taken = {m.container_path.rstrip("/") for m in pod_mounts}
+        del cfg.mounts[:]
         for b in self.node.image_of(cfg.image.image).binds:
-            cfg.mounts.add(container_path=b.container_path, host_path=b.host_path,
-                           readonly=True)
+            if b.container_path not in taken:
+                cfg.mounts.add(container_path=b.container_path, host_path=b.host_path,
+                               readonly=True)
+        cfg.mounts.extend(pod_mounts)
         cid = self.node.runtime.CreateContainer(self.pb.CreateContainerRequest(
             pod_sandbox_id=self.sandbox_id, config=cfg, sandbox_config=self.sandbox_config),
             timeout=120).container_id

@@ -364,6 +364,13 @@ def test_logs_and_init_containers_run_in_order(cri_node, tmp_path):
                 break
         assert out == "first\nsidecar\napp\n"
         assert pod.pid("app") > 1 and os.path.exists(f"/proc/{pod.pid('app')}")
+        assert pod.probe("sidecar", "startup")
+        old = pod.cid("sidecar")
+        pod.restart("sidecar")                    # the next attempt, as after a crash
+        assert pod.cid("sidecar") != old and pod.attempts["sidecar"] == 1
+        assert pod.status("sidecar").state == cri_node.pb.CONTAINER_RUNNING
+        assert pod.status("sidecar").metadata.attempt == 1
+        assert pod.exec("app", ["cat", "/shared/order"])[1].endswith("app\nsidecar\n")
     finally:
         finish(pod)
 
