@@ -1,6 +1,7 @@
 """The kubelet stand-in: runs a translate.PodPlan on a CriNode the way kubelet's SyncPod does.
 
-Order: the pod cgroup and its limits (pod container manager), volumes on the node (hostPath
+Order: the QoS-level cgroups (kubepods, burstable, besteffort) and the pod cgroup with its
+limits (pod container manager), volumes on the node (hostPath
 type checks, emptyDir, configMap and downwardAPI through the atomic writer's layout), the
 managed /etc/hosts and termination-log files, the pod log directory, RunPodSandbox, then
 CreateContainer + StartContainer per container: a regular init container runs to completion
@@ -10,6 +11,8 @@ added to each container's mounts here, as the stand-in for the image's layers.
 
 A Pod handle offers exec, logs, pid, cgroup paths, probe, restart, update_resources (an
 in-place resize as kubelet does it) and remove; timings["up"] and ["teardown"] are seconds.
+Not reproduced: restarts of exited containers and periodic liveness/readiness probing
+(Pod.restart and Pod.probe do them on demand).
 """
 
 from __future__ import annotations
@@ -25,13 +28,40 @@ from typing import Any
 from tests.cri import cgroups
 from tests.cri import kubemath as km
 from tests.cri.node import CriNode, NodeError, container_info
-from tests.cri.translate import ContainerPlan, PodPlan, VolumePlan, field_value, linux_resources
+from tests.cri.translate import (
+    ContainerPlan,
+    Node,
+    PodPlan,
+    VolumePlan,
+    field_value,
+    linux_resources,
+)
 
 INIT_TIMEOUT = 120.0
 
 
 class PodFailed(RuntimeError):
     pass
+
+
+def write_qos_cgroups(node: CriNode, info: Node) -> None:
+    """kubelet's QoS container manager with no reservations: kubepods gets the node's
+    capacity (cpu.shares of every cpu, memory.limit_in_bytes of MemTotal), besteffort the
+    minimum shares, burstable the shares of its pods' cpu requests; rewritten whenever a pod
+    comes or goes."""
+    hs, root = node.hierarchies, f"{node.cgroup_root}/kubepods"
+    for qos in ("burstable", "besteffort"):
+        cgroups.ensure(hs, f"{root}/{qos}")
+    cpu, mem = cgroups.find(hs, "cpu"), cgroups.find(hs, "memory")
+    burstable = sum(p._pod_totals()[0] for p in node.pods
+                    if p.plan.qos == "Burstable" and not p.removed)
+    if cpu is not None:
+        cgroups.write(cpu, root, "cpu.shares", km.milli_cpu_to_shares(info.cpu_milli))
+        cgroups.write(cpu, f"{root}/besteffort", "cpu.shares", km.MIN_SHARES)
+        cgroups.write(cpu, f"{root}/burstable", "cpu.shares",
+                      km.milli_cpu_to_shares(burstable))
+    if mem is not None:
+        cgroups.write(mem, root, "memory.limit_in_bytes", info.memory)
 
 
 def run_pod(node: CriNode, plan: PodPlan, wait: bool = True) -> Pod:
@@ -138,6 +168,7 @@ class Pod:
     def _pod_cgroup(self) -> None:
         hs = self.node.hierarchies
         cgroups.ensure(hs, self.cgroup_parent)
+        write_qos_cgroups(self.node, self.plan.node)
         self._write_pod_limits()
 
     def _write_pod_limits(self) -> None:
@@ -333,11 +364,13 @@ class Pod:
         self.resources[container] = new
         if grows:
             self._write_pod_limits()
+            write_qos_cgroups(self.node, self.plan.node)
         res = linux_resources(new, self.plan.qos, self.plan.critical, self.plan.node)
         self.node.runtime.UpdateContainerResources(self.pb.UpdateContainerResourcesRequest(
             container_id=self.cid(container), linux=res), timeout=60)
         if not grows:
             self._write_pod_limits()
+            write_qos_cgroups(self.node, self.plan.node)
         for v in self.plan.volumes:
             if v.kind == "downwardAPI":
                 self._atomic_write(v.node_path, self._downward_files(v))
@@ -381,6 +414,7 @@ class Pod:
             self.removed = True
             with contextlib.suppress(ValueError):
                 self.node.pods.remove(self)
+        write_qos_cgroups(self.node, self.plan.node)
         self.timings["teardown"] = time.monotonic() - t
 
     def __enter__(self) -> Pod:

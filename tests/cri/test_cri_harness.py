@@ -171,6 +171,13 @@ def test_volumes_are_visible_with_their_content(cri_node, tmp_path):
         assert cat("/podinfo/mem_mib") == "256"
         assert cat("/podinfo/cpu/milli") == "500"
         assert cat("/settings/greeting") == "hello from the configmap"
+        # The QoS level above the pod, as kubelet's QoS container manager writes it: the
+        # burstable shares are those of this pod's requests (250m + the writer's none).
+        qos = Path(pod.cgroup_dir("cpu")).parent
+        assert qos.name == "burstable"
+        assert int((qos / "cpu.shares").read_text()) == 256
+        assert int((qos.parent / "cpu.shares").read_text()) == (os.cpu_count() or 1) * 1024
+        assert int((qos.parent / "besteffort" / "cpu.shares").read_text()) == 2
         # The atomic writer's layout, on the node.
         vol = pod.plan.volumes[2].node_path
         data = os.readlink(cri_node.fs.path(f"{vol}/..data"))
