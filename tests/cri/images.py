@@ -9,10 +9,10 @@ The images:
   SIGINT/SIGTERM), built with `gcc -static`;
 - busybox: busybox-static with every applet symlinked to /bin/busybox, as Alpine does; no
   /run;
-- debian: only the skeleton of the host's root (/bin -> usr/bin, lib64 ..., empty dirs). Its
-  content is the host's userland: every container of the image gets read-only binds of the
-  host's /usr, /etc and real /lib* directories (LocalImage.binds), added by the kubelet
-  stand-in as the stand-in for the image's layers;
+- debian: the skeleton of the host's root (/bin -> usr/bin, lib64 ..., empty dirs) and a
+  copy of its /etc. The rest of its content is the host's userland: every container of the
+  image gets read-only binds of the host's /usr and real /lib* directories
+  (LocalImage.binds), added by the kubelet stand-in as the stand-in for the image's layers;
 - guestfs: debian plus this checkout (with its .venv, and the venv's interpreter when it
   lives outside /usr) bound read-only at the same paths, .venv/bin first on PATH, so
   `guestfs` runs inside; ENTRYPOINT ["guestfs"], CMD ["explain"] as container/Dockerfile.
@@ -27,6 +27,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
@@ -137,9 +138,10 @@ def busybox_layer(with_run: bool = False, tmp: str = "rw") -> bytes:
 
 
 def host_skeleton_layer(with_run: bool = True, tmp: str = "rw") -> tuple[bytes, tuple[Bind, ...]]:
-    """The host root's symlinks (merged /usr) and empty dirs; binds of its real dirs."""
+    """The host root's symlinks (merged /usr) and empty dirs; binds of its real /usr and
+    /lib* dirs. It goes above etc_layer()."""
     layer = _new_layer()
-    binds = [Bind("/usr", "/usr"), Bind("/etc", "/etc")]
+    binds = [Bind("/usr", "/usr")]
     layer.add_dir("usr")
     for d in ("home", "mnt", "opt", "srv"):
         layer.add_dir(d)
@@ -156,35 +158,65 @@ def host_skeleton_layer(with_run: bool = True, tmp: str = "rw") -> tuple[bytes, 
     return _finish(layer), tuple(binds)
 
 
-def image_config(layer_tar: bytes, entrypoint: list[str], cmd: list[str],
+def etc_layer() -> bytes:
+    """The host's /etc as an image layer, as in a real image: a read-only bind of the
+    host's would leave runc unable to make mountpoints in it (a volume at
+    /etc/guestfs-limits failed with EROFS). Only world-readable files are copied (no
+    /etc/shadow), never through a symlink. One layer shared by every debian-based image,
+    so containerd unpacks it once."""
+    layer = _new_layer()
+    layer.add_dir("etc")
+    for root, dirs, files in os.walk("/etc"):
+        rel = root.lstrip("/")
+        for name in sorted(dirs + files):
+            path, member = os.path.join(root, name), f"{rel}/{name}"
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                layer.add_symlink(member, os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                layer.add_dir(member, stat.S_IMODE(st.st_mode))
+            elif stat.S_ISREG(st.st_mode) and st.st_mode & stat.S_IROTH:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as f:
+                    layer.add_file(member, f.read(), stat.S_IMODE(st.st_mode))
+    return _finish(layer)
+
+
+def image_config(layers: list[bytes], entrypoint: list[str], cmd: list[str],
                  env: list[str]) -> dict:
     return {
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": env, "WorkingDir": "/"},
         "rootfs": {"type": "layers",
-                   "diff_ids": [f"sha256:{hashlib.sha256(layer_tar).hexdigest()}"]},
+                   "diff_ids": [f"sha256:{hashlib.sha256(t).hexdigest()}" for t in layers]},
     }
 
 
-def write_archive(dest: Path, images: dict[str, tuple[bytes, dict]]) -> None:
-    """An OCI archive at dest holding every image: ref -> (uncompressed layer tar, config)."""
+def write_archive(dest: Path, images: dict[str, tuple[list[bytes], dict]]) -> None:
+    """An OCI archive at dest holding every image: ref -> (uncompressed layer tars, bottom
+    first, and config). A layer shared by several images is stored once."""
     blobs: dict[str, bytes] = {}
     manifests = []
+    gzipped: dict[bytes, bytes] = {}
 
     def blob(data: bytes) -> dict:
         digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
         blobs[digest] = data
         return {"digest": digest, "size": len(data)}
 
-    for ref, (layer_tar, config) in images.items():
-        gz = gzip.compress(layer_tar, compresslevel=1, mtime=0)
+    for ref, (layer_tars, config) in images.items():
+        layers = []
+        for tar in layer_tars:
+            if tar not in gzipped:
+                gzipped[tar] = gzip.compress(tar, compresslevel=1, mtime=0)
+            layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                           **blob(gzipped[tar])})
         manifest = {
             "schemaVersion": 2,
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                        **blob(json.dumps(config).encode())},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                        **blob(gz)}],
+            "layers": layers,
         }
         manifests.append({
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -215,7 +247,7 @@ def _variant_name(base: str, with_run: bool, tmp: str) -> str:
 
 def build(workdir: Path, ro_tmp_dir: Path,
           variants: tuple[tuple[str, bool, str], ...] = ()
-          ) -> tuple[dict[str, LocalImage], dict[str, tuple[bytes, dict]]]:
+          ) -> tuple[dict[str, LocalImage], dict[str, tuple[list[bytes], dict]]]:
     """Every image of a session: key -> LocalImage, and ref -> (layer, config) to import.
 
     The keys are pause, busybox, debian, guestfs and, per (base, with_run, tmp) variant,
@@ -224,32 +256,34 @@ def build(workdir: Path, ro_tmp_dir: Path,
     env = [f"PATH={PATH_ENV}"]
     venv_env = [f"PATH={REPO}/.venv/bin:{PATH_ENV}"]
     images: dict[str, LocalImage] = {}
-    content: dict[str, tuple[bytes, dict]] = {}
+    content: dict[str, tuple[list[bytes], dict]] = {}
 
-    def add(key: str, layer: bytes, config: dict, binds: tuple[Bind, ...] = ()) -> None:
+    def add(key: str, layers: list[bytes], config: dict, binds: tuple[Bind, ...] = ()) -> None:
         ref = ref_of(key)
         images[key] = LocalImage(key, ref, binds)
-        content[ref] = (layer, config)
+        content[ref] = (layers, config)
 
-    pause = pause_layer(workdir)
+    pause = [pause_layer(workdir)]
     add("pause", pause, image_config(pause, ["/pause"], [], env))
+    etc = etc_layer()
     for base, with_run, tmp in (("busybox", False, "rw"), ("debian", True, "rw"),
                                 ("guestfs", True, "rw"), *variants):
         key = "busybox" if (base, with_run, tmp) == ("busybox", False, "rw") \
             else _variant_name(base, with_run, tmp)
         tmp_bind = (Bind(str(ro_tmp_dir), "/tmp"),) if tmp == "ro" else ()
         if base == "busybox":
-            layer = busybox_layer(with_run, "absent" if tmp == "ro" else tmp)
-            add(key, layer, image_config(layer, [], ["sh"], env), tmp_bind)
+            layers = [busybox_layer(with_run, "absent" if tmp == "ro" else tmp)]
+            add(key, layers, image_config(layers, [], ["sh"], env), tmp_bind)
             continue
-        layer, binds = host_skeleton_layer(with_run, "absent" if tmp == "ro" else tmp)
+        skeleton, binds = host_skeleton_layer(with_run, "absent" if tmp == "ro" else tmp)
+        layers = [etc, skeleton]
         if base == "guestfs":
             binds += venv_binds()
         # guestfs: container/Dockerfile's ENTRYPOINT and CMD, which the DaemonSet's
         # args-only containers rely on.
         entry, cmd = (["guestfs"], ["explain"]) if base == "guestfs" else ([], ["bash"])
-        add(key, layer, image_config(layer, entry, cmd,
-                                     venv_env if base == "guestfs" else env), binds + tmp_bind)
+        add(key, layers, image_config(layers, entry, cmd,
+                                      venv_env if base == "guestfs" else env), binds + tmp_bind)
     return images, content
 
 
