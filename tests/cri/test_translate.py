@@ -55,12 +55,10 @@ def test_wrapper_deployment():
     assert ns.userns_options.mode == pb().POD              # hostUsers: false
     (app,) = plan.containers
     cfg = app.config
-    assert list(cfg.command) == ["guestfs", "run", "--", "cat", "/proc/meminfo"]
+    argv = list(cfg.command)
+    cut = argv.index("--")
+    assert argv[:2] == ["guestfs", "run"] and argv[cut + 1:] == ["cat", "/proc/meminfo"]
     assert cfg.image.image == "guestfs.test/guestfs:1"
-    env = env_of(cfg)
-    assert env["GUESTFS_MEMORY_LIMIT"] == str(512 * MiB)
-    assert env["GUESTFS_CPU_LIMIT"] == "1500"              # limits.cpu in 1m
-    assert env["GUESTFS_CPU_DIVISOR"] == "1m"
     res = cfg.linux.resources
     assert res.memory_limit_in_bytes == 512 * MiB
     assert (res.cpu_period, res.cpu_quota) == (100000, 150000)
@@ -80,6 +78,36 @@ def test_wrapper_deployment():
     assert mount_at(cfg, "/etc/hosts").host_path == f"/var/lib/kubelet/pods/{plan.uid}/etc-hosts"
     assert plan.pod_cpu_limit == 1500 and plan.pod_memory_limit == 512 * MiB
     assert plan.pod_cpu_request == 500
+
+
+def test_wrapper_limits_reach_guestfs_run():
+    """The wrapper hands the limits to `guestfs run` by the downward API: as a volume
+    (--limits-dir) or, in its earlier form, as env vars; /dev/fuse comes from the FUSE
+    device plugin's resource or, earlier, a hostPath. Whichever the manifest says, the
+    translation must carry it."""
+    plan = translate(K8S / "wrapper", images=IMAGES, node=NODE)
+    (app,) = plan.containers
+    cfg, argv = app.config, list(app.config.command)
+    vol = next((v for v in plan.volumes if v.kind == "downwardAPI"), None)
+    if vol is None:
+        env = env_of(cfg)
+        assert env["GUESTFS_MEMORY_LIMIT"] == str(512 * MiB)
+        assert env["GUESTFS_CPU_LIMIT"] == "1500"          # limits.cpu in 1m
+    else:
+        items = {i.path: (i.resource, i.container, i.divisor) for i in vol.items}
+        assert items == {"limits.memory": ("limits.memory", "app", "1"),
+                         "limits.cpu": ("limits.cpu", "app", "1m")}
+        m = next(m for m in cfg.mounts if m.host_path == vol.node_path)
+        assert m.readonly
+        assert argv[argv.index("--limits-dir") + 1] == m.container_path
+        assert vol.node_path == (f"/var/lib/kubelet/pods/{plan.uid}/volumes/"
+                                 f"kubernetes.io~downward-api/{vol.name}")
+    if "squat.ai/fuse" in app.resources.extended:
+        assert [(d.container_path, d.permissions) for d in cfg.devices] == [("/dev/fuse",
+                                                                             "rwm")]
+    else:
+        assert mount_at(cfg, "/dev/fuse").host_path == "/dev/fuse"
+        assert list(cfg.devices) == []
 
 
 def test_sidecar_deployment():
