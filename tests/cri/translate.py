@@ -47,8 +47,9 @@ from tests.cri import kubemath as km
 from tests.cri import stubs
 from tests.cri.fields import Fields, Reader, Untranslatable
 
-__all__ = ["PodPlan", "ContainerPlan", "VolumePlan", "Probe", "Untranslatable", "translate",
-           "translate_all", "FUSE_RESOURCES"]
+__all__ = ["PodPlan", "ContainerPlan", "VolumePlan", "DownwardItem", "Probe", "Node",
+           "Untranslatable", "translate", "translate_all", "field_value", "linux_resources",
+           "FUSE_RESOURCES"]
 
 KUBELET_ROOT = "/var/lib/kubelet"
 SECCOMP_ROOT = f"{KUBELET_ROOT}/seccomp"
@@ -312,7 +313,25 @@ class _PodContext:
 
     # -- pod level
     def build(self, workload: str) -> PodPlan:
-        pod, pb = self.pod, self.pb
+        grace = self._pod_fields()
+        inits, mains = self._container_specs(workload)
+        specs = inits + mains
+        self.volumes = {v.name: v for v in self._volumes()}
+        self.resources = {c.get("name"): self._resources(c) for c, _ in specs}
+        self.qos = km.qos_class(list(self.resources.values()))
+        cpu_req, cpu_lim, mem_lim = self._pod_resources(inits, mains)
+        sandbox = self._sandbox(specs, cpu_req, cpu_lim, mem_lim)
+        self._pod_sc_rest()
+        containers = tuple(self._container(c, role, self.resources[c.get("name")], grace)
+                           for c, role in specs)
+        return PodPlan(self.name, self.namespace, self.uid, workload, self.qos, sandbox,
+                       containers, tuple(self.volumes.values()), cpu_req, cpu_lim, mem_lim,
+                       self.labels, self.annotations, _etc_hosts(), self.node, self.critical,
+                       grace)
+
+    def _pod_fields(self) -> int:
+        """The pod-level fields outside containers and volumes; the grace period."""
+        pod = self.pod
         pod.accept("tolerations", "imagePullSecrets")   # one untainted node, local images
         pod.accept("hostNetwork")                       # always the node's (module doc)
         pod.get("dnsPolicy")                            # host network: the node's resolv.conf
@@ -327,9 +346,14 @@ class _PodContext:
             raise pod.fail("priorityClassName", f"{priority!r}: only the built-in "
                            f"{sorted(CRITICAL_PRIORITIES)} exist without an API server")
         self.critical = priority in CRITICAL_PRIORITIES
-        grace = int(pod.get("terminationGracePeriodSeconds", 30))
         self.pod_sc = pod.sub("securityContext") or self.reader.root({}, pod.at("sc"))
         self.namespaces = self._namespace_options()
+        return int(pod.get("terminationGracePeriodSeconds", 30))
+
+    def _container_specs(self, workload: str) -> tuple[list[tuple[Fields, str]],
+                                                      list[tuple[Fields, str]]]:
+        """(init containers with role init or sidecar, main containers), in spec order."""
+        pod = self.pod
         inits = [(c, "sidecar" if c.get("restartPolicy") == "Always" else "init")
                  for c in pod.subs("initContainers")]
         for c, _ in inits:
@@ -340,39 +364,42 @@ class _PodContext:
             raise pod.fail("containers", "a pod needs at least one container")
         for c, _ in mains:
             c.refuse("restartPolicy", "only init containers have one")
-        specs = inits + mains
-        self.container_names = [c.get("name") for c, _ in specs]
-        if len(set(self.container_names)) != len(specs):
+        self.container_names = [c.get("name") for c, _ in inits + mains]
+        if len(set(self.container_names)) != len(self.container_names):
             raise pod.fail("containers", "container names must be unique")
         unknown = sorted(set(self.programs) - set(self.container_names))
         if unknown:
             raise ValueError(f"programs= names {unknown}, not containers of "
                              f"{workload} ({self.container_names})")
-        self.volumes = {v.name: v for v in self._volumes()}
-        resources = {c.get("name"): self._resources(c) for c, _ in specs}
-        self.resources = resources
-        qos = km.qos_class(list(resources.values()))
-        parent = {"Guaranteed": "/kubepods", "Burstable": "/kubepods/burstable",
-                  "BestEffort": "/kubepods/besteffort"}[qos] + f"/pod{self.uid}"
-        init_res = [(resources[c.get("name")], role == "sidecar") for c, role in inits]
-        main_res = [resources[c.get("name")] for c, _ in mains]
-        cpu_req = km.pod_totals(init_res, main_res, "cpu_request")
+        return inits, mains
+
+    def _pod_resources(self, inits: list[tuple[Fields, str]],
+                       mains: list[tuple[Fields, str]]) -> tuple[int, int, int]:
+        """Pod cpu request, cpu limit and memory limit (0: not declared by every regular
+        container, as ResourceConfigForPod counts them)."""
+        init_res = [(self.resources[c.get("name")], role == "sidecar") for c, role in inits]
+        main_res = [self.resources[c.get("name")] for c, _ in mains]
         cpu_lim = km.pod_totals(init_res, main_res, "cpu_limit")
         mem_lim = km.pod_totals(init_res, main_res, "memory_limit")
-        # ResourceConfigForPod: limits count only if every regular container declares one.
-        cpu_declared = all(r.cpu_limit for r in main_res)
-        mem_declared = all(r.memory_limit for r in main_res)
+        return (km.pod_totals(init_res, main_res, "cpu_request"),
+                cpu_lim if all(r.cpu_limit for r in main_res) else 0,
+                mem_lim if all(r.memory_limit for r in main_res) else 0)
+
+    def _sandbox(self, specs: list[tuple[Fields, str]], cpu_req: int, cpu_lim: int,
+                 mem_lim: int) -> Any:
+        pb = self.pb
         labels = {**self.labels, "io.kubernetes.pod.name": self.name,
                   "io.kubernetes.pod.namespace": self.namespace,
                   "io.kubernetes.pod.uid": self.uid}
         sandbox = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=self.name, uid=self.uid,
                                            namespace=self.namespace, attempt=0),
-            hostname="",
+            hostname="",                # host network: kubelet leaves it empty
             log_directory=f"{LOG_ROOT}/{self.namespace}_{self.name}_{self.uid}",
             labels=labels, annotations=self.annotations)
         lin = sandbox.linux
-        lin.cgroup_parent = parent
+        lin.cgroup_parent = {"Guaranteed": "/kubepods", "Burstable": "/kubepods/burstable",
+                             "BestEffort": "/kubepods/besteffort"}[self.qos] + f"/pod{self.uid}"
         sc = lin.security_context
         sc.namespace_options.CopyFrom(self.namespaces)
         self._run_as_values(self.pod_sc.data, sc, self.pod_sc.path, verify=False)
@@ -381,17 +408,8 @@ class _PodContext:
         sc.privileged = any(_privileged(c) for c, _ in specs)
         sc.seccomp.CopyFrom(self._seccomp(None))
         lin.resources.CopyFrom(self._linux_resources(
-            km.Resources(cpu_req, cpu_lim if cpu_declared else 0, 0,
-                         mem_lim if mem_declared else 0), qos, sandbox_level=True))
-        self._pod_sc_rest()
-        self.qos = qos
-        containers = tuple(self._container(c, role, resources[c.get("name")], sandbox,
-                                           grace) for c, role in specs)
-        return PodPlan(self.name, self.namespace, self.uid, workload, qos, sandbox, containers,
-                       tuple(self.volumes.values()), cpu_req,
-                       cpu_lim if cpu_declared else 0, mem_lim if mem_declared else 0,
-                       self.labels, self.annotations, _etc_hosts(), self.node, self.critical,
-                       grace)
+            km.Resources(cpu_req, cpu_lim, 0, mem_lim), self.qos, sandbox_level=True))
+        return sandbox
 
     def _pod_sc_rest(self) -> None:
         psc = self.pod_sc
@@ -543,8 +561,7 @@ class _PodContext:
     def _linux_resources(self, r: km.Resources, qos: str, sandbox_level: bool = False) -> Any:
         return linux_resources(r, qos, self.critical, self.node, sandbox_level)
 
-    def _container(self, c: Fields, role: str, r: km.Resources, sandbox: Any,
-                   grace: int) -> ContainerPlan:
+    def _container(self, c: Fields, role: str, r: km.Resources, grace: int) -> ContainerPlan:
         pb = self.pb
         name = c.get("name")
         c.accept("imagePullPolicy")         # images are local: no pull either way
@@ -574,24 +591,34 @@ class _PodContext:
             "io.kubernetes.pod.terminationGracePeriod": str(grace)})
         privileged = _privileged(c)
         self._mounts(c, cfg, privileged)
+        tlog = self._kubelet_mounts(cfg, name, tpath)
+        self._devices(c, cfg, r)
+        cfg.linux.resources.CopyFrom(self._linux_resources(r, self.qos))
+        self._security_context(c, cfg.linux.security_context, privileged)
+        probes = {kind.removesuffix("Probe"): _probe(p)
+                  for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+                  if (p := c.sub(kind)) is not None}
+        return ContainerPlan(name, role, cfg, r, probes, tlog)
+
+    def _kubelet_mounts(self, cfg: Any, name: str, termination_path: str) -> str:
+        """The managed /etc/hosts (unless a volume is mounted there) and the
+        termination-log file kubelet adds to every container; returns the latter's node
+        path."""
         tlog = f"{KUBELET_ROOT}/pods/{self.uid}/containers/{name}/{secrets.token_hex(4)}"
         if not any(m.container_path == "/etc/hosts" for m in cfg.mounts):
             cfg.mounts.add(container_path="/etc/hosts",
                            host_path=f"{KUBELET_ROOT}/pods/{self.uid}/etc-hosts")
-        cfg.mounts.add(container_path=tpath, host_path=tlog)
+        cfg.mounts.add(container_path=termination_path, host_path=tlog)
+        return tlog
+
+    def _devices(self, c: Fields, cfg: Any, r: km.Resources) -> None:
+        """A FUSE device plugin's allocation: the CRI Device it returns to the kubelet."""
         for key, count in r.extended.items():
             if count != 1:
                 raise c.fail("resources", f"{key}: the FUSE device plugin allocates one")
-            cfg.devices.add(container_path="/dev/fuse", host_path="/dev/fuse",
-                            permissions="rwm")
-        cfg.linux.resources.CopyFrom(self._linux_resources(r, self.qos))
-        self._security_context(c, cfg.linux.security_context, privileged)
-        probes = {}
-        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
-            p = c.sub(kind)
-            if p is not None:
-                probes[kind.removesuffix("Probe")] = _probe(p)
-        return ContainerPlan(name, role, cfg, r, probes, tlog)
+            if not any(d.container_path == "/dev/fuse" for d in cfg.devices):
+                cfg.devices.add(container_path="/dev/fuse", host_path="/dev/fuse",
+                                permissions="rwm")
 
     def _image(self, c: Fields) -> str:
         image = c.get("image")
