@@ -429,3 +429,29 @@ def test_resize_keeps_requests_within_limits(cri_node, tmp_path):
             > 1 << 40
     finally:
         finish(pod)
+
+
+def test_hostpath_type_is_checked_on_the_node(cri_node, tmp_path):
+    """type: File must exist in the node (the host's /etc/hostname is not the node's
+    /var/lib); the failed pod leaves no cgroup, directory or sandbox behind."""
+    from tests.cri.kubelet import PodFailed
+
+    text = VOLUMES.replace("/var/lib/guestfs-smoke/file", "/var/lib/guestfs-absent/file")
+    before = len(cri_node.runtime.ListPodSandbox(cri_node.pb.ListPodSandboxRequest()).items)
+    with pytest.raises(PodFailed, match="guestfs-absent/file is missing, type File"):
+        run_yaml(cri_node, tmp_path, text)
+    assert len(cri_node.runtime.ListPodSandbox(
+        cri_node.pb.ListPodSandboxRequest()).items) == before
+    assert cri_node.pods == []
+    kubepods = Path(cgroups_dir(cri_node, "memory"), "kubepods", "burstable")
+    assert [p.name for p in kubepods.iterdir() if p.name.startswith("pod")] == []
+    pods_dir = cri_node.fs.path("/var/lib/kubelet/pods")
+    assert not pods_dir.exists() or os.listdir(pods_dir) == []
+
+
+def cgroups_dir(node, controller: str) -> str:
+    from tests.cri import cgroups
+
+    h = cgroups.find(node.hierarchies, controller)
+    assert h is not None
+    return h.dir(node.cgroup_root)
