@@ -261,14 +261,23 @@ class CriNode:
         return forced + [f"processes {self.namespace_pids()} would not die"]
 
     def namespace_pids(self) -> list[int]:
+        """Processes in the node's mount namespace. Once the namespace is gone the kernel
+        may give its inode number to a new one (another user's container, seen here), so a
+        match counts only if that namespace also has this node's bind of its scratch
+        /var/lib: never someone else's process."""
         if not self.mntns:
             return []
+        # mountinfo's root field is relative to the filesystem: end with the scratch name.
+        marker = f"/{self.scratch.name}/node/var-lib /var/lib "
         pids = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{entry}/ns/mnt") == self.mntns:
-                        pids.append(int(entry))
+                    if os.readlink(f"/proc/{entry}/ns/mnt") != self.mntns:
+                        continue
+                    with open(f"/proc/{entry}/mountinfo") as f:
+                        if marker in f.read():
+                            pids.append(int(entry))
         return pids
 
     def leftovers(self) -> list[str]:
