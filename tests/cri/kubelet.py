@@ -281,6 +281,11 @@ class Pod:
         return (resp.exit_code, resp.stdout.decode(errors="replace"),
                 resp.stderr.decode(errors="replace"))
 
+    def sandbox_status(self) -> Any:
+        """PodSandboxStatus: state SANDBOX_READY while the pod runs."""
+        return self.node.runtime.PodSandboxStatus(self.pb.PodSandboxStatusRequest(
+            pod_sandbox_id=self.sandbox_id), timeout=30).status
+
     def status(self, container: str) -> Any:
         return self.node.runtime.ContainerStatus(self.pb.ContainerStatusRequest(
             container_id=self.cid(container)), timeout=30).status

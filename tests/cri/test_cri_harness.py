@@ -67,6 +67,9 @@ spec:
 def test_containerd_answers_version(cri_node):
     v = cri_node.version()
     assert (v.runtime_name, v.runtime_api_version) == ("containerd", "v1")
+    listed = cri_node.image.ListImages(cri_node.pb.ListImagesRequest(), timeout=30).images
+    tags = {t for i in listed for t in i.repo_tags}
+    assert {i.ref for i in cri_node.images.values()} <= tags
     print(f"containerd {v.runtime_version}: start {cri_node.timings['containerd_start']:.3f}s"
           f", image build {cri_node.timings['image_build']:.3f}s, import "
           f"{cri_node.timings['image_import']:.3f}s, RSS {cri_node.rss() / MiB:.1f} MiB")
@@ -77,6 +80,9 @@ def test_limited_pod_gets_its_cgroups(cri_node, tmp_path):
     try:
         # limits only: requests default to them, so the pod is Guaranteed.
         assert pod.plan.qos == "Guaranteed"
+        status = pod.sandbox_status()
+        assert status.state == cri_node.pb.SANDBOX_READY
+        assert status.metadata.uid == pod.plan.uid
         assert pod.cgroup() == f"{cri_node.cgroup_root}/kubepods/pod{pod.plan.uid}"
         rc, out, _ = pod.exec("app", ["cat", "/proc/self/cgroup"])
         assert rc == 0
