@@ -38,3 +38,20 @@ def copy_fixture(tmp_path: Path):
         return dst
 
     return make
+
+
+@pytest.fixture(scope="session")
+def cri_node_session():
+    """One private containerd for the whole session (tests/cri/node.py); after it, nothing
+    of it may be left: no pod, containerd process, mount, cgroup or scratch file."""
+    from tests.cri.node import node_session
+
+    yield from node_session()
+
+
+@pytest.fixture
+def cri_node(cri_node_session):
+    """The session's CriNode; pods a test leaves running are removed after it."""
+    yield cri_node_session
+    for pod in list(cri_node_session.pods):
+        pod.remove()
