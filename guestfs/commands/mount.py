@@ -222,7 +222,8 @@ def serve(opts: MountOptions) -> int:
     # Before any thread starts: capabilities are dropped per thread, and a thread started
     # earlier would keep every one of them.
     dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
-                                         "fuse3" in binding.libfuse)
+                                         "fuse3" in binding.libfuse,
+                                         reader_views=not server.fixed_view)
     users_held = exit_when_unused(mp) if opts.exit_when_unused else []
     server.start_sampler()
     # libfuse only installs its SIGINT/SIGTERM handlers (which unmount cleanly) over the
@@ -239,6 +240,11 @@ def serve(opts: MountOptions) -> int:
     kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
               "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
               "default_permissions": True}
+    if "fuse3" in binding.libfuse:
+        # libfuse 3.14.0 passes its "unlimited" default (-1) through a check that then
+        # prints "Ignoring invalid max threads value 4294967295" on every start; 10 is
+        # what libfuse3 defaulted to before.
+        kwargs["max_idle_threads"] = 10
     if opts.allow_other:
         kwargs["allow_other"] = True
     ops = make_operations(binding.module, server, layout, ATTR_TIMEOUT)

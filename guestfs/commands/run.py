@@ -14,9 +14,10 @@ import sys
 import tempfile
 import threading
 
-from guestfs.commands import supervise
-from guestfs.commands.apppriv import AppSetup, prepare_app
+from guestfs.commands import mountlock, runspace, supervise
+from guestfs.commands.apppriv import AppSetup, container_clock_source, prepare_app
 from guestfs.commands.oomadj import shield_wrapper
+from guestfs.commands.runspace import RunSpace
 from guestfs.commands.syscall_view import (
     ServedView,
     SyscallSupervisor,
@@ -164,11 +165,13 @@ class Materialized:
 
 
 def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
-           seccomp: tuple[socket.socket, Interception, ListenerGuard] | None) -> None:
+           seccomp: tuple[socket.socket, Interception, ListenerGuard] | None,
+           space: RunSpace) -> None:
     try:
         sysmount.unshare_mount_namespace()
         for src, dst in binds:
             sysmount.bind(src, dst)
+        runspace.hide_from_app(space)
         if seccomp is not None:
             hand_over_listener(*seccomp)   # before prepare_app drops CAP_SYS_ADMIN
         prepare_app(app)
@@ -208,12 +211,17 @@ def _start_syscall_view(sock: socket.socket, mp: str, what: Interception,
 
 def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
         keep_caps: bool = False, host_clock: bool = False, sysinfo: bool = True,
-        affinity: str = "view") -> int:
-    mp = os.path.abspath(mp)
+        affinity: str = "view", explicit_mountpoint: bool = True) -> int:
+    # First, while single-threaded: a private space is a mount namespace of our own.
+    space = runspace.choose(os.path.abspath(mp), explicit_mountpoint)
+    mp = space.mountpoint
+    if space.lock_dir is not None:
+        mountlock.use_lock_dir(space.lock_dir)
     # Before the daemon: it inherits the shield.
-    app = AppSetup(keep_caps, shield_wrapper(), None if host_clock else mp + "/proc/uptime")
+    app = AppSetup(keep_caps, shield_wrapper(),
+                   container_clock_source(mp + "/proc/uptime", host_clock))
     # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
-    mount_args = [*mount_args, "--exit-when-unused"]
+    mount_args = [*mount_args, *space.daemon_args, "--exit-when-unused"]
     users = supervise.join_users(mp)
     daemon = supervisor = materialized = syscalls = guard = None
     what = interception_for(sysinfo, affinity)
@@ -235,7 +243,8 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         if pid == 0:
             if pair is not None:
                 pair[0].close()
-            _child(binds, cmd, app, (pair[1], what, guard) if pair and guard else None)
+            _child(binds, cmd, app, (pair[1], what, guard) if pair and guard else None,
+                   space)
         # First: a Ctrl-C from here on is the app's, not ours.
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
@@ -244,7 +253,8 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
             syscalls = _start_syscall_view(pair[0], mp, what, guard)
         # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
         supervisor = supervise.Supervisor(mp, lambda: start_daemon(mp, mount_args), pid,
-                                          None if materialized else binds, daemon)
+                                          None if materialized else binds, daemon,
+                                          app_sees_mountpoint=space.private_dir is None)
         supervisor.start()
         _, status = os.waitpid(pid, 0)
         for sig in FORWARDED:

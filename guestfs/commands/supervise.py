@@ -214,9 +214,12 @@ class Supervisor:
     def __init__(self, mp: str, start: StartDaemon, app_pid: int,
                  binds: list[tuple[str, str]] | None,
                  daemon: subprocess.Popen | None = None,  # type: ignore[type-arg]
-                 interval: float = 0.2) -> None:
+                 interval: float = 0.2, app_sees_mountpoint: bool = True) -> None:
         self.mp, self.start_daemon, self.app_pid = mp, start, app_pid
-        self.pairs = [(mp, mp), *binds] if binds is not None else []
+        # The app's namespace has ``mp`` too, unless run mounted in a private tmpfs that
+        # the app's namespace detached (runspace.py).
+        own = [(mp, mp)] if app_sees_mountpoint else []
+        self.pairs = [*own, *binds] if binds is not None else []
         self.daemon = daemon
         self.bound = mount_identity(mp)  # the mount the app's binds were made from
         self._failed: tuple[str, str] | None = None
