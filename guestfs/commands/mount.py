@@ -70,14 +70,30 @@ def _read_own(mp: str, name: str) -> bytes | None:
     return data if err == 0 else None
 
 
+def _stopped_meanwhile(mp: str) -> bool:
+    """A probe failed because this daemon is stopping (its mount gone or going), not
+    because of the client: `guestfs run -- cat FILE` stops it within milliseconds."""
+    try:
+        gone = not is_guestfs_mount(mp)
+    except OSError:
+        gone = True
+    if gone:
+        log.debug("%s stopped while its FUSE client was probed", mp)
+    return gone
+
+
 def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
     """Some FUSE clients (gVisor's) stop reading at st_size even with direct_io, so a
     procfs-style size of 0 reads empty. Read our own mount once it serves and, if so,
     switch the operations to reporting real sizes."""
     if not wait_until(lambda: _read_own(mp, "") is not None, timeout, 0.05):
-        log.warning("%s did not start serving within %gs; size probe skipped", mp, timeout)
+        if not _stopped_meanwhile(mp):
+            log.warning("%s did not start serving within %gs; size probe skipped", mp,
+                        timeout)
         return
     if ops.page_cache and not _read_own(mp, ops.probe_path):  # type: ignore[attr-defined]
+        if _stopped_meanwhile(mp):
+            return
         # Served from the page cache, a read goes through no open of ours: a client that
         # does not honour ENOSYS from open (no_open) fails it instead.
         ops.disable_page_cache("this FUSE client does not read page-cached files")  # type: ignore[attr-defined]
@@ -88,7 +104,8 @@ def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
         return
     data = _read_own(mp, probe)
     if data is None:
-        log.warning("size probe failed: %s%s could not be read", mp, probe)
+        if not _stopped_meanwhile(mp):
+            log.warning("size probe failed: %s%s could not be read", mp, probe)
         return
     empty = not data
     if empty:

@@ -42,6 +42,9 @@ _UNWRITABLE = (errno.EROFS, errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSP
 class RunSpaceError(OSError):
     """One line: what could not be made, and how to give run a place."""
 
+    def __str__(self) -> str:
+        return str(self.strerror)
+
 
 @dataclass(frozen=True)
 class RunSpace:
@@ -52,6 +55,13 @@ class RunSpace:
     @property
     def daemon_args(self) -> list[str]:
         return ["--lock-dir", self.lock_dir] if self.lock_dir else []
+
+    def daemon_env(self) -> dict[str, str] | None:
+        """The daemon's environment: where the image has no writable /tmp, its private
+        procfs and sysfs (host_pin.py) are mounted on a directory of the tmpfs."""
+        if self.private_dir is None:
+            return None
+        return {**os.environ, "TMPDIR": self.private_dir}
 
 
 def _make_dir(path: str) -> None:
