@@ -71,6 +71,8 @@ def _make_dir(path: str) -> None:
         return
     parent = os.path.dirname(path)
     if parent and not os.path.isdir(parent):
+        if os.path.lexists(parent):   # makedirs would say EEXIST
+            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), parent)
         os.makedirs(parent, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o755)

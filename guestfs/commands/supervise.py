@@ -94,6 +94,12 @@ def rebind_in(pid: int, pairs: list[tuple[str, str]]) -> None:
             msg = f.read().decode(errors="replace")
         _, status = os.waitpid(child, 0)
         if status != 0:
+            if "setns(mnt" in msg and "Operation not permitted" in msg:
+                # setns(CLONE_NEWNS) wants CAP_SYS_CHROOT beside CAP_SYS_ADMIN; Kubernetes'
+                # drop ALL + add SYS_ADMIN, SETPCAP has no SYS_CHROOT.
+                msg += (" (joining a mount namespace needs CAP_SYS_CHROOT too: add "
+                        "SYS_CHROOT to the container so a restarted daemon's files reach "
+                        "the app; until the app restarts it reads ENOTCONN)")
             raise OSError(f"re-binding in pid {pid}'s mount namespace: {msg or 'failed'}")
     finally:
         for fd in fds:
@@ -223,6 +229,7 @@ class Supervisor:
         self.daemon = daemon
         self.bound = mount_identity(mp)  # the mount the app's binds were made from
         self._failed: tuple[str, str] | None = None
+        self._logged: set[str] = set()
         self.interval = interval
         self.restarts: list[float] = []  # monotonic times of each recovery
         self._stop = threading.Event()
@@ -262,13 +269,19 @@ class Supervisor:
             rebind_in(self.app_pid, self.pairs)
         except OSError as e:
             if self._failed != now:  # retried every round, logged once per mount
-                log.error("%s", e)
+                self._log_once(e)
                 self._failed = now
             return
         self.bound = now
         self.restarts.append(time.monotonic())
         log.warning("%s: a new daemon serves it; files re-bound for pid %d", self.mp,
                     self.app_pid)
+
+    def _log_once(self, e: OSError) -> None:
+        """The same failure (a missing capability) is logged once, not every round."""
+        if str(e) not in self._logged:
+            self._logged.add(str(e))
+            log.error("%s", e)
 
     def _recover(self) -> bool:
         began = time.monotonic()
@@ -286,7 +299,8 @@ class Supervisor:
             try:
                 rebind_in(self.app_pid, self.pairs)
             except OSError as e:
-                log.error("%s", e)
+                self._log_once(e)
+                self._failed = mount_identity(self.mp)
                 return False
         self.bound = mount_identity(self.mp)
         self.restarts.append(time.monotonic())
