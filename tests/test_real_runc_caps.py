@@ -238,3 +238,20 @@ def test_daemon_restart_without_sys_chroot_is_one_error_line(tmp_path):
     assert first == str(256 * 1024) and again == "107" and restarted == "1"  # ENOTCONN
     errors = [ln for ln in out.stderr.splitlines() if " ERROR " in ln]
     assert len(errors) == 1 and "add SYS_CHROOT" in errors[0], out.stderr
+
+
+def test_without_setpcap_run_refuses_in_one_line_or_keeps_caps_when_asked(tmp_path):
+    """drop ALL + add SYS_ADMIN only: the app would keep SYS_ADMIN, so run refuses;
+    with --keep-caps the app has it by request, and the daemon, unable to lower its
+    bounding set, keeps nothing effective or permitted (NoNewPrivs bars any regain)."""
+    out = run_in_container(tmp_path / "a", ["SYS_ADMIN"])
+    assert out.returncode == 127
+    refusal = [ln for ln in out.stderr.splitlines() if not LOG_LINE.match(ln)]
+    assert len(refusal) == 1 and "CAP_SETPCAP" in refusal[0] \
+        and "--keep-caps" in refusal[0], out.stderr
+    got = probe(out := run_in_container(tmp_path / "b", ["SYS_ADMIN"], run_args="--keep-caps"))
+    no_warning(out.stderr)
+    sys_admin = "0000000000200000"
+    assert [got["app"][k] for k in ("CapEff", "CapPrm", "CapBnd")] == [sys_admin] * 3
+    assert [got["daemons"][0][k] for k in ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs")] \
+        == ["0" * 16, "0" * 16, sys_admin, "1"]
