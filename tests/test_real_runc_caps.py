@@ -112,7 +112,7 @@ CASES = {
     "wrapper": (WRAPPER, True, False),
     "wrapper+SYS_TIME": ([*WRAPPER, "SYS_TIME"], True, False),
     "wrapper+SYS_PTRACE": ([*WRAPPER, "SYS_PTRACE"], True, False),
-    "containerd-default+SYS_ADMIN": ([*CONTAINERD_DEFAULT, "SYS_ADMIN"], True, False),
+    "containerd-default+SYS_ADMIN": ([*CONTAINERD_DEFAULT, "SYS_ADMIN"], False, False),
     "privileged": (None, False, True),
 }
 
