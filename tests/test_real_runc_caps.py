@@ -169,16 +169,29 @@ def test_minimal_image_read_only_without_run_tmp_var(tmp_path):
 
 def test_read_only_run_stays_the_images_for_the_app(tmp_path):
     """/run exists but is read-only (readOnlyRootFilesystem): the private tmpfs covers
-    it for run and its daemon only; the app reads the image's /run/secrets."""
+    it for run and its daemon only; the app reads the image's /run/secrets and the
+    volume mounted beneath /run (Kubernetes' service account token, /var/run/secrets
+    through the /var/run -> /run link of most images)."""
+    volume = tmp_path / "serviceaccount"
+    volume.mkdir()
+    (volume / "token").write_text("volume's token\n")
+
     def prepare(rootfs: Path) -> None:
         (rootfs / "run/secrets").mkdir(parents=True)
         (rootfs / "run/secrets/token").write_text("image's secret\n")
+        config = rootfs.parent / "config.json"
+        cfg = json.loads(config.read_text())
+        cfg["mounts"].append({"destination": "/run/secrets/kubernetes.io/serviceaccount",
+                              "type": "bind", "source": str(volume),
+                              "options": ["rbind", "ro"]})
+        config.write_text(json.dumps(cfg))
 
-    out = run_in_container(tmp_path, WRAPPER, minimal=True, prepare=prepare,
-                           app="sh -c 'cat /run/secrets/token; grep MemTotal /proc/meminfo'")
+    app = ("sh -c 'cat /run/secrets/token /run/secrets/kubernetes.io/serviceaccount/token; "
+           "grep MemTotal /proc/meminfo'")
+    out = run_in_container(tmp_path, WRAPPER, minimal=True, prepare=prepare, app=app)
     assert out.returncode == 0, out.stdout + out.stderr
     no_warning(out.stderr)
-    assert out.stdout.splitlines()[0] == "image's secret"
+    assert out.stdout.splitlines()[:2] == ["image's secret", "volume's token"]
     assert out.stdout.split()[-2] == str(256 * 1024)
 
 
