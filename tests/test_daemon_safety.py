@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fusemount import force_unmount, mounted, require_fuse
+from guestfs.daemon.mountpoint import is_guestfs_mount
+from tests.fusemount import force_unmount, mounted, require_fuse, wait_for
 from tests.realcg import v1_cgroup
 from tests.test_faults_daemon import watcher_of
 
@@ -218,7 +219,7 @@ def caps_and_reader_of_another_uid(tmp_path: Path, mp: str) -> None:
         assert not any(os.path.exists(f"/proc/{w}") and status_fields(w)["State"][0] != "Z"
                        for w in watchers)
     log = (tmp_path / "log").read_text()
-    assert "capabilities dropped but CAP_SYS_PTRACE" in log and "Traceback" not in log
+    assert "capabilities kept: CAP_SYS_PTRACE (" in log and "Traceback" not in log
 
 
 def test_open_renderings_stay_bounded_by_entries_over_20000_opens(tmp_path):
@@ -317,3 +318,39 @@ def test_reader_ids_read_the_start_time_once_per_process_and_again_after_it_exit
     # Exited (and reaped: the pid is free for reuse): the identity is looked up afresh.
     assert ids(proc.pid) == (proc.pid, 2)
     ids.close()
+
+
+@pytest.mark.parametrize("view,warned", [("caller", True), ("self", False)])
+def test_a_daemon_without_cap_sys_ptrace_keeps_nothing_and_says_what_degrades(
+        tmp_path, view, warned):
+    """Given only SYS_ADMIN and SETPCAP (Kubernetes' drop ALL + add), the daemon keeps no
+    capability at all; before, capset of the missing CAP_SYS_PTRACE failed and it kept
+    both. A per-caller view warns once which features degrade; a fixed view does not."""
+    require_fuse()
+    mp = str(tmp_path / "mnt")
+    os.makedirs(mp)
+    log = tmp_path / "log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            ["setpriv", "--bounding-set", "-all,+sys_admin,+setpcap", "--inh-caps", "-all",
+             "--ambient-caps", "-all", "--no-new-privs", "--", sys.executable, "-m",
+             "guestfs", "mount", mp, "--view", view], stderr=err)
+    try:
+        assert wait_for(lambda: is_guestfs_mount(mp) or proc.poll() is not None)
+        assert proc.poll() is None, log.read_text()
+        st = status_fields(proc.pid)
+        assert (st["CapEff"], st["CapPrm"], st["CapBnd"], st["NoNewPrivs"]) == \
+            ("0" * 16,) * 3 + ("1",), st
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        force_unmount(mp)
+    lines = log.read_text().splitlines()
+    warnings = [ln for ln in lines if " WARNING " in ln]
+    assert warnings == ([w for w in warnings if "CAP_SYS_PTRACE is not in this container"]
+                        if warned else []), lines
+    assert len(warnings) == (1 if warned else 0), lines
+    assert any("capabilities kept: none (" in ln for ln in lines), lines

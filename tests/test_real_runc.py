@@ -24,11 +24,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def bundle(path, mp: str | None, script: str, mem: int, quota: int, period: int = 100000,
-           fuse_inside: bool = False) -> str:
+           fuse_inside: bool = False, caps: list[str] | None = None,
+           no_new_privs: bool = True, minimal: bool = False,
+           privileged: bool = False) -> str:
     """A runc bundle running ``script`` with the host's binaries read-only. With ``mp``,
     guestfs's files from the host are OCI binds over /proc (the DaemonSet pattern); with
     ``fuse_inside``, the container gets /dev/fuse, CAP_SYS_ADMIN and this checkout so
-    guestfs runs inside it (the wrapper pattern)."""
+    guestfs runs inside it (the wrapper pattern).
+
+    ``caps``: exactly these capabilities, as containerd gives a root process for
+    Kubernetes' ``drop: [ALL]`` + ``add``: bounding = effective = permitted, inheritable
+    and ambient empty; ``no_new_privs``: ``allowPrivilegeEscalation: false``.
+    ``minimal``: no /run, /tmp or /var at all (the root stays read-only).
+    ``privileged``: nothing masked or read-only under /proc and /sys, as for a privileged
+    container (pass its capabilities in ``caps``)."""
     rootfs = path / "rootfs"
     rootfs.mkdir(parents=True)
     subprocess.run(["runc", "spec"], cwd=path, check=True)
@@ -36,9 +45,11 @@ def bundle(path, mp: str | None, script: str, mem: int, quota: int, period: int 
     cfg["root"] = {"path": str(rootfs), "readonly": True}
     cfg["process"].update(terminal=False, args=["/bin/sh", "-c", script],
                           env=["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp"])
+    cfg["process"]["noNewPrivileges"] = no_new_privs
     mounts = cfg["mounts"]
-    mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-                   "options": ["nosuid", "nodev", "mode=1777"]})
+    if not minimal:
+        mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                       "options": ["nosuid", "nodev", "mode=1777"]})
     for d in HOST_DIRS:  # the host's binaries, read-only: python3, procps, getconf
         if os.path.islink(d):
             (rootfs / d.lstrip("/")).symlink_to(os.readlink(d))
@@ -57,14 +68,19 @@ def bundle(path, mp: str | None, script: str, mem: int, quota: int, period: int 
             (rootfs / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
             mounts.append({"destination": d, "type": "bind", "source": d,
                            "options": ["rbind", "ro"]})
-        (rootfs / "run").mkdir(exist_ok=True)
-        mounts.append({"destination": "/run", "type": "tmpfs", "source": "tmpfs",
-                       "options": ["nosuid", "nodev", "mode=755"]})
-        caps = cfg["process"]["capabilities"]
-        # SETPCAP, which Docker's and containerd's defaults have and runc's spec lacks: run
-        # needs it to take SYS_ADMIN out of the app's bounding set.
-        for kind in ("bounding", "effective", "permitted"):
-            caps.setdefault(kind, []).extend(["CAP_SYS_ADMIN", "CAP_SETPCAP"])
+        if not minimal:
+            (rootfs / "run").mkdir(exist_ok=True)
+            mounts.append({"destination": "/run", "type": "tmpfs", "source": "tmpfs",
+                           "options": ["nosuid", "nodev", "mode=755"]})
+        spec_caps = cfg["process"]["capabilities"]
+        if caps is not None:
+            spec_caps.update(bounding=list(caps), effective=list(caps),
+                             permitted=list(caps), inheritable=[], ambient=[])
+        else:
+            # SETPCAP, which Docker's and containerd's defaults have and runc's spec
+            # lacks: run needs it to take SYS_ADMIN out of the app's bounding set.
+            for kind in ("bounding", "effective", "permitted"):
+                spec_caps.setdefault(kind, []).extend(["CAP_SYS_ADMIN", "CAP_SETPCAP"])
         st = os.stat("/dev/fuse")
         cfg["linux"]["devices"] = [{"path": "/dev/fuse", "type": "c",
                                     "major": os.major(st.st_rdev),
@@ -77,6 +93,8 @@ def bundle(path, mp: str | None, script: str, mem: int, quota: int, period: int 
         # /proc paths are masked and read-only by default in runc's spec; guestfs run
         # mounts over /proc files in its own namespace.
         cfg["linux"]["readonlyPaths"] = []
+        if privileged:
+            cfg["linux"]["maskedPaths"] = []
     cfg["linux"].setdefault("resources", {}).update(
         {"memory": {"limit": mem}, "cpu": {"quota": quota, "period": period}})
     cfg["linux"]["cgroupsPath"] = f"guestfs-test-{uuid.uuid4().hex[:8]}"

@@ -99,6 +99,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose)
+    if args.lock_dir:
+        from guestfs.commands import mountlock
+
+        mountlock.use_lock_dir(os.path.abspath(args.lock_dir))
     if args.per_container and args.cgroup:
         raise CliError("mount: --per-container serves every container's cgroup; it takes "
                        "no --cgroup")
@@ -129,14 +133,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
     explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
+    mp = args.mountpoint or DEFAULT_MOUNTPOINT
     try:
-        refuse_symlink(args.mountpoint)   # before a daemon is started for it
+        refuse_symlink(mp)   # before a daemon is started for it
     except MountError as e:
         raise CliError(str(e)) from e
     try:
-        return run(args.mountpoint, cmd, mount_argv(args), args.bind_pressure,
+        return run(mp, cmd, mount_argv(args), args.bind_pressure,
                    keep_caps=args.keep_caps, host_clock=args.host_clock,
-                   sysinfo=args.sysinfo, affinity=args.cpu_affinity)
+                   sysinfo=args.sysinfo, affinity=args.cpu_affinity,
+                   explicit_mountpoint=args.mountpoint is not None)
     except (RunError, OSError) as e:
         raise CliError(str(e)) from e
 
@@ -234,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "meminfo and so on (key: the cgroup path percent-encoded, "
                         "docs/mount.md), each from the kernel's page cache, instead of "
                         "LXCFS's per-caller layout")
+    p.add_argument("--lock-dir", metavar="DIR",
+                   help="keep the mount's locks in DIR (default /run/guestfs-locks; a mount "
+                        "sharing a MOUNTPOINT must use the same one)")
     add_mount_options(p)
     add_limit_options(p, where=False)
     p.set_defaults(func=cmd_mount)
@@ -243,8 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "in a private mount namespace where every served file is "
                                    "bind-mounted over its /proc or /sys counterpart, and exit "
                                    "with CMD's status (signals are forwarded).")
-    p.add_argument("--mountpoint", default=DEFAULT_MOUNTPOINT,
-                   help="where the filesystem is or will be mounted (default /run/guestfs)")
+    p.add_argument("--mountpoint",
+                   help="where the filesystem is or will be mounted (default /run/guestfs; "
+                        "where that cannot be made, a private tmpfs only run and its "
+                        "daemon see: docs/mount.md)")
     add_mount_options(p)
     add_limit_options(p, where=False)
     p.add_argument("--bind-pressure", action="store_true",

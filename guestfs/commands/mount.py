@@ -73,13 +73,29 @@ def _read_own(mp: str, name: str) -> bytes | None:
     return data if err == 0 else None
 
 
+def _stopped_meanwhile(mp: str) -> bool:
+    """A probe failed because this daemon is stopping (its mount gone or going), not
+    because of the client: `guestfs run -- cat FILE` stops it within milliseconds."""
+    try:
+        gone = not is_guestfs_mount(mp)
+    except OSError:
+        gone = True
+    if gone:
+        log.debug("%s stopped while its FUSE client was probed", mp)
+    return gone
+
+
 def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
     """Read our own mount once it serves: a FUSE client that does not honour no_open
     (page-cached files unreadable) turns the page cache off."""
     if not wait_until(lambda: _read_own(mp, "") is not None, timeout, 0.05):
-        log.warning("%s did not start serving within %gs; client probe skipped", mp, timeout)
+        if not _stopped_meanwhile(mp):
+            log.warning("%s did not start serving within %gs; client probe skipped", mp,
+                        timeout)
         return
     if ops.page_cache and not _read_own(mp, ops.probe_path):  # type: ignore[attr-defined]
+        if _stopped_meanwhile(mp):
+            return
         # Served from the page cache, a read goes through no open of ours: a client that
         # does not honour ENOSYS from open (no_open) fails it instead.
         ops.disable_page_cache("this FUSE client does not read page-cached files")  # type: ignore[attr-defined]
@@ -215,7 +231,8 @@ def serve(opts: MountOptions) -> int:
     # Before any thread starts: capabilities are dropped per thread, and a thread started
     # earlier would keep every one of them.
     dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
-                                         "fuse3" in binding.libfuse)
+                                         "fuse3" in binding.libfuse,
+                                         reader_views=not server.fixed_view)
     users_held = exit_when_unused(mp) if opts.exit_when_unused else []
     server.start_sampler()
     # libfuse only installs its SIGINT/SIGTERM handlers (which unmount cleanly) over the
@@ -236,6 +253,11 @@ def serve(opts: MountOptions) -> int:
     kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
               "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
               "default_permissions": True}
+    if "fuse3" in binding.libfuse:
+        # libfuse 3.14.0 passes its "unlimited" default (-1) through a check that then
+        # prints "Ignoring invalid max threads value 4294967295" on every start; 10 is
+        # what libfuse3 defaulted to before.
+        kwargs["max_idle_threads"] = 10
     if opts.allow_other:
         kwargs["allow_other"] = True
     ops = make_operations(binding.module, server, layout, DIRECT_ATTR_TIMEOUT)

@@ -44,6 +44,15 @@ _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTT
 class LockError(OSError):
     """The lock directory or a lock file is unsafe or unusable (one-line message)."""
 
+    def __str__(self) -> str:
+        return str(self.strerror if self.strerror is not None else self.args[0])
+
+
+def use_lock_dir(path: str) -> None:
+    """Keep this process's locks in ``path`` (`mount --lock-dir`, run's private space)."""
+    global LOCK_DIR
+    LOCK_DIR = path
+
 
 def mount_key(mountpoint: str) -> str:
     """A file-name key for ``mountpoint``: its parent's real path plus its name. The
@@ -55,13 +64,20 @@ def mount_key(mountpoint: str) -> str:
     return sha256(os.fsencode(canonical)).hexdigest()[:32]
 
 
-def _open_dir(lock_dir: str) -> int:
-    with contextlib.suppress(FileExistsError):
+def open_lock_dir(lock_dir: str) -> int:
+    """The lock directory, made if missing and checked to be safe, as an open descriptor."""
+    try:
         os.mkdir(lock_dir, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise LockError(e.errno, f"lock directory {lock_dir}: cannot create it "
+                                 f"({e.strerror}); mount a writable volume there or at "
+                                 f"{os.path.dirname(lock_dir)} (an emptyDir)") from None
     try:
         fd = os.open(lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
-        raise LockError(f"lock directory {lock_dir}: {e.strerror}"
+        raise LockError(e.errno, f"lock directory {lock_dir}: {e.strerror}"
                         + (" (a symlink?)" if e.errno in (errno.ELOOP, errno.ENOTDIR) else "")
                         ) from None
     st = os.fstat(fd)
@@ -84,7 +100,7 @@ def open_lock(mountpoint: str, kind: str, lock_dir: str | None = None,
     """An open descriptor (close-on-exec) of the ``kind`` ('mount' or 'users') lock file of
     ``mountpoint``. Lock it with acquire(), which also checks it was not removed meanwhile."""
     where, name = _path(mountpoint, kind, lock_dir)
-    dir_fd = _open_dir(where)
+    dir_fd = open_lock_dir(where)
     flags = _FILE_FLAGS if create else _FILE_FLAGS & ~os.O_CREAT
     try:
         fd = os.open(name, flags, 0o600, dir_fd=dir_fd)

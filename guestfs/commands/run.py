@@ -14,9 +14,10 @@ import sys
 import tempfile
 import threading
 
-from guestfs.commands import supervise
-from guestfs.commands.apppriv import AppSetup, prepare_app
+from guestfs.commands import mountlock, runspace, supervise
+from guestfs.commands.apppriv import AppSetup, container_clock_source, prepare_app
 from guestfs.commands.oomadj import shield_wrapper
+from guestfs.commands.runspace import RunSpace
 from guestfs.commands.syscall_view import (
     ServedView,
     SyscallSupervisor,
@@ -43,7 +44,8 @@ class RunError(RuntimeError):
     pass
 
 
-def start_daemon(mp: str, mount_args: list[str]) -> subprocess.Popen[bytes]:
+def start_daemon(mp: str, mount_args: list[str],
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """``guestfs mount MP`` as a child that serves while any run uses it.
 
     Its own session: the terminal's SIGINT/SIGQUIT (Ctrl-C, sent to the whole foreground
@@ -51,7 +53,8 @@ def start_daemon(mp: str, mount_args: list[str]) -> subprocess.Popen[bytes]:
     the app has exited. With --exit-when-unused it stops itself once no run holds the
     mount's users lock, so a run killed with -9 leaves nothing behind, while a daemon
     another run still uses outlives the run that started it (docs/mount.md)."""
-    proc = subprocess.Popen(guestfs_argv(["mount", mp, *mount_args]), start_new_session=True)
+    proc = subprocess.Popen(guestfs_argv(["mount", mp, *mount_args]), start_new_session=True,
+                            env=env)
     # Given up as soon as the daemon exits (killed while starting, a refused mount): the
     # supervisor then retries with backoff instead of waiting out the timeout.
     if not wait_until(lambda: proc.poll() is not None or is_guestfs_mount(mp), 20.0) \
@@ -127,8 +130,9 @@ class Materialized:
     FUSE clients whose open files cannot be re-read; in place, because a bind mount pins
     the inode. Readers see the view of the `guestfs run` process itself."""
 
-    def __init__(self, binds: list[tuple[str, str]], interval: float = 1.0) -> None:
-        self.dir = tempfile.mkdtemp(prefix="guestfs-run-")
+    def __init__(self, binds: list[tuple[str, str]], interval: float = 1.0,
+                 parent: str | None = None) -> None:
+        self.dir = tempfile.mkdtemp(prefix="guestfs-run-", dir=parent)
         self.sources = {guest: src for src, guest in binds}
         self.binds = [(os.path.join(self.dir, guest.strip("/").replace("/", "_")), guest)
                       for _src, guest in binds]
@@ -164,11 +168,13 @@ class Materialized:
 
 
 def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
-           seccomp: tuple[socket.socket, Interception, ListenerGuard] | None) -> None:
+           seccomp: tuple[socket.socket, Interception, ListenerGuard] | None,
+           space: RunSpace) -> None:
     try:
         sysmount.unshare_mount_namespace()
         for src, dst in binds:
             sysmount.bind(src, dst)
+        runspace.hide_from_app(space)
         if seccomp is not None:
             hand_over_listener(*seccomp)   # before prepare_app drops CAP_SYS_ADMIN
         prepare_app(app)
@@ -208,18 +214,27 @@ def _start_syscall_view(sock: socket.socket, mp: str, what: Interception,
 
 def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
         keep_caps: bool = False, host_clock: bool = False, sysinfo: bool = True,
-        affinity: str = "view") -> int:
-    mp = os.path.abspath(mp)
+        affinity: str = "view", explicit_mountpoint: bool = True) -> int:
+    # First, while single-threaded: a private space is a mount namespace of our own.
+    space = runspace.choose(os.path.abspath(mp), explicit_mountpoint)
+    mp = space.mountpoint
+    if space.lock_dir is not None:
+        mountlock.use_lock_dir(space.lock_dir)
     # Before the daemon: it inherits the shield.
-    app = AppSetup(keep_caps, shield_wrapper(), None if host_clock else mp + "/proc/uptime")
+    app = AppSetup(keep_caps, shield_wrapper(),
+                   container_clock_source(mp + "/proc/uptime", host_clock))
     # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
-    mount_args = [*mount_args, "--exit-when-unused"]
+    mount_args = [*mount_args, *space.daemon_args, "--exit-when-unused"]
     users = supervise.join_users(mp)
     daemon = supervisor = materialized = syscalls = guard = None
     what = interception_for(sysinfo, affinity)
+
+    def start() -> subprocess.Popen[bytes]:
+        return start_daemon(mp, mount_args, space.daemon_env())
+
     try:
         if not is_guestfs_mount(mp):
-            daemon = supervise.start_or_reuse(mp, lambda: start_daemon(mp, mount_args))
+            daemon = supervise.start_or_reuse(mp, start)
         else:
             check_reused_view(mp)
         binds = binds_for(mp, bind_pressure)
@@ -227,7 +242,7 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         if not rereads_after_lseek(mp + "/proc/meminfo"):
             log.warning("open files on %s cannot be re-read after lseek (gVisor's FUSE "
                         "client): binding regular copies refreshed every second", mp)
-            materialized = Materialized(binds)
+            materialized = Materialized(binds, parent=space.private_dir)
             binds = materialized.binds
         guard = _start_guard(what)
         pair = socket.socketpair() if guard is not None else None
@@ -235,7 +250,8 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         if pid == 0:
             if pair is not None:
                 pair[0].close()
-            _child(binds, cmd, app, (pair[1], what, guard) if pair and guard else None)
+            _child(binds, cmd, app, (pair[1], what, guard) if pair and guard else None,
+                   space)
         # First: a Ctrl-C from here on is the app's, not ours.
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
@@ -243,8 +259,9 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
             pair[1].close()
             syscalls = _start_syscall_view(pair[0], mp, what, guard)
         # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
-        supervisor = supervise.Supervisor(mp, lambda: start_daemon(mp, mount_args), pid,
-                                          None if materialized else binds, daemon)
+        supervisor = supervise.Supervisor(mp, start, pid,
+                                          None if materialized else binds, daemon,
+                                          app_sees_mountpoint=space.private_dir is None)
         supervisor.start()
         _, status = os.waitpid(pid, 0)
         for sig in FORWARDED:

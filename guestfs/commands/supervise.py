@@ -94,6 +94,12 @@ def rebind_in(pid: int, pairs: list[tuple[str, str]]) -> None:
             msg = f.read().decode(errors="replace")
         _, status = os.waitpid(child, 0)
         if status != 0:
+            if "setns(mnt" in msg and "Operation not permitted" in msg:
+                # setns(CLONE_NEWNS) wants CAP_SYS_CHROOT beside CAP_SYS_ADMIN; Kubernetes'
+                # drop ALL + add SYS_ADMIN, SETPCAP has no SYS_CHROOT.
+                msg += (" (joining a mount namespace needs CAP_SYS_CHROOT too: add "
+                        "SYS_CHROOT to the container so a restarted daemon's files reach "
+                        "the app; until the app restarts it reads ENOTCONN)")
             raise OSError(f"re-binding in pid {pid}'s mount namespace: {msg or 'failed'}")
     finally:
         for fd in fds:
@@ -214,12 +220,16 @@ class Supervisor:
     def __init__(self, mp: str, start: StartDaemon, app_pid: int,
                  binds: list[tuple[str, str]] | None,
                  daemon: subprocess.Popen | None = None,  # type: ignore[type-arg]
-                 interval: float = 0.2) -> None:
+                 interval: float = 0.2, app_sees_mountpoint: bool = True) -> None:
         self.mp, self.start_daemon, self.app_pid = mp, start, app_pid
-        self.pairs = [(mp, mp), *binds] if binds is not None else []
+        # The app's namespace has ``mp`` too, unless run mounted in a private tmpfs that
+        # the app's namespace detached (runspace.py).
+        own = [(mp, mp)] if app_sees_mountpoint else []
+        self.pairs = [*own, *binds] if binds is not None else []
         self.daemon = daemon
         self.bound = mount_identity(mp)  # the mount the app's binds were made from
         self._failed: tuple[str, str] | None = None
+        self._logged: set[str] = set()
         self.interval = interval
         self.restarts: list[float] = []  # monotonic times of each recovery
         self._stop = threading.Event()
@@ -259,13 +269,19 @@ class Supervisor:
             rebind_in(self.app_pid, self.pairs)
         except OSError as e:
             if self._failed != now:  # retried every round, logged once per mount
-                log.error("%s", e)
+                self._log_once(e)
                 self._failed = now
             return
         self.bound = now
         self.restarts.append(time.monotonic())
         log.warning("%s: a new daemon serves it; files re-bound for pid %d", self.mp,
                     self.app_pid)
+
+    def _log_once(self, e: OSError) -> None:
+        """The same failure (a missing capability) is logged once, not every round."""
+        if str(e) not in self._logged:
+            self._logged.add(str(e))
+            log.error("%s", e)
 
     def _recover(self) -> bool:
         began = time.monotonic()
@@ -283,7 +299,8 @@ class Supervisor:
             try:
                 rebind_in(self.app_pid, self.pairs)
             except OSError as e:
-                log.error("%s", e)
+                self._log_once(e)
+                self._failed = mount_identity(self.mp)
                 return False
         self.bound = mount_identity(self.mp)
         self.restarts.append(time.monotonic())

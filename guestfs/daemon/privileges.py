@@ -1,7 +1,8 @@
 """Least privilege for the daemon: mount first, then keep only what serving needs.
 
 The daemon parses files other processes control (cgroupfs, /proc/<pid>/*) as root, so
-once its FUSE mount exists it gives up every capability but CAP_SYS_PTRACE and sets
+once its FUSE mount exists it gives up every capability but CAP_SYS_PTRACE (if it holds
+it: a Kubernetes container given only SYS_ADMIN and SETPCAP keeps none) and sets
 NoNewPrivs. It mounts /dev/fuse itself and hands libfuse3 the descriptor as
 ``/dev/fd/N``, so the drop happens while the process is still single-threaded
 (capabilities are per thread: a drop made after libfuse starts its workers would leave
@@ -32,12 +33,16 @@ from dataclasses import dataclass
 
 from guestfs.system import sysmount
 from guestfs.system.caps import (
+    CAP_SETPCAP,
     CAP_SYS_PTRACE,
     PR_CAP_AMBIENT,
     PR_CAP_AMBIENT_CLEAR_ALL,
-    PR_CAPBSET_DROP,
     PR_SET_NO_NEW_PRIVS,
     PR_SET_SECUREBITS,
+    cap_names,
+    effective_caps,
+    limit_bounding_to,
+    permitted_caps,
     prctl,
     set_caps,
 )
@@ -55,31 +60,31 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
-def _last_cap() -> int:
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 40
-
-
-def drop_privileges(keep: frozenset[int] = KEPT_CAPS) -> None:
-    """Keep only ``keep`` (effective and permitted; bounding set too), clear the ambient
-    and inheritable sets, and set NoNewPrivs. Call it while single-threaded."""
+def drop_privileges(keep: frozenset[int] = KEPT_CAPS) -> frozenset[int]:
+    """Keep only what of ``keep`` this process holds (effective and permitted; bounding
+    set too, given CAP_SETPCAP), clear the ambient and inheritable sets, and set
+    NoNewPrivs. Returns the capabilities of ``keep`` that were not held. Call it while
+    single-threaded."""
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         # Only the calling thread would lose its capabilities.
         raise OSError(f"drop_privileges: {threads} threads, not 1")
-    with contextlib.suppress(OSError):  # without CAP_SETPCAP (a user namespace may lack it)
-        prctl("PR_SET_SECUREBITS", PR_SET_SECUREBITS, SECUREBITS)
-    for cap in range(_last_cap() + 1):
-        if cap not in keep:
-            with contextlib.suppress(OSError):
-                prctl("PR_CAPBSET_DROP", PR_CAPBSET_DROP, cap)
+    held = permitted_caps()
+    kept = keep & held
+    # capset(2) cannot raise what is not permitted: asking for it fails the whole call
+    # and would leave every capability in place (a container given SYS_ADMIN and SETPCAP
+    # only, as Kubernetes' drop ALL + add does, has no CAP_SYS_PTRACE).
+    if CAP_SETPCAP in effective_caps():
+        with contextlib.suppress(OSError):  # bits locked otherwise by whoever started us
+            prctl("PR_SET_SECUREBITS", PR_SET_SECUREBITS, SECUREBITS)
+        limit_bounding_to(kept)
+    # Without CAP_SETPCAP the bounding set stays as the container gave it: NoNewPrivs
+    # below still keeps every exec from gaining anything beyond ``kept``.
     with contextlib.suppress(OSError):  # kernels before 4.3 have no ambient set
         prctl("PR_CAP_AMBIENT", PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    set_caps(keep)
+    set_caps(kept)
     prctl("PR_SET_NO_NEW_PRIVS", PR_SET_NO_NEW_PRIVS, 1)
+    return keep - held
 
 
 @dataclass(frozen=True)
@@ -203,11 +208,35 @@ def _status_line(name: str) -> str:
                     "?")
 
 
-def mount_then_drop(mp: str, fsname: str, allow_other: bool,
-                    takes_fd: bool) -> Dropped | None:
+# What a missing CAP_SYS_PTRACE costs (privileges.py's docstring says why it is kept).
+# A fixed view (run, --view self, --cgroup) reads no reader's namespace: only the
+# container's pid-namespace init, for its age, and the oldest process of the cgroup that
+# it falls back to is that same process in a container.
+_NO_PTRACE_READERS = (
+    "CAP_SYS_PTRACE is not in this container's capabilities: for readers of another uid "
+    "or holding capabilities the daemon lacks, --view init serves the reader's own "
+    "cgroup, uptime is the age of the cgroup's oldest process and loadavg's last-pid "
+    "field is the host's (add SYS_PTRACE to the container for them)")
+_NO_PTRACE_FIXED = (
+    "CAP_SYS_PTRACE is not held: the container's age is its cgroup's oldest process "
+    "rather than its pid-namespace init (in a container, the same process)")
+
+
+def _report_missing(missing: frozenset[int], reader_views: bool) -> None:
+    if CAP_SYS_PTRACE in missing:
+        if reader_views:
+            log.warning("%s", _NO_PTRACE_READERS)
+        else:
+            log.debug("%s", _NO_PTRACE_FIXED)
+
+
+def mount_then_drop(mp: str, fsname: str, allow_other: bool, takes_fd: bool,
+                    reader_views: bool = True) -> Dropped | None:
     """Mount ``mp``, fork its unmount watcher and drop privileges; None (privileges kept,
     libfuse mounts as before) where that cannot be done: a binding whose libfuse cannot
-    take a mounted descriptor (libfuse2), or no right to mount(2) (fusermount's job)."""
+    take a mounted descriptor (libfuse2), or no right to mount(2) (fusermount's job).
+    ``reader_views``: views depend on who reads (a missing CAP_SYS_PTRACE degrades them:
+    a warning; for a fixed view only a line at -v)."""
     if not takes_fd:
         log.warning("this FUSE binding mounts by itself (libfuse2): the daemon keeps its "
                     "capabilities; mfusepy on libfuse3 lets it drop them")
@@ -220,11 +249,13 @@ def mount_then_drop(mp: str, fsname: str, allow_other: bool,
         return None
     pid, w = start_unmount_watcher(m)
     try:
-        drop_privileges()
+        missing = drop_privileges()
     except OSError as e:
         log.warning("capabilities kept: %s", e)
     else:
-        log.info("mounted; capabilities dropped but CAP_SYS_PTRACE (CapEff %s), "
-                 "NoNewPrivs %s; unmount watcher pid %d", _status_line("CapEff"),
-                 _status_line("NoNewPrivs"), pid)
+        _report_missing(missing, reader_views)
+        log.info("mounted; capabilities kept: %s (CapEff %s, CapBnd %s), NoNewPrivs %s; "
+                 "unmount watcher pid %d", cap_names(KEPT_CAPS - missing),
+                 _status_line("CapEff"), _status_line("CapBnd"), _status_line("NoNewPrivs"),
+                 pid)
     return Dropped(m, pid, w)

@@ -9,8 +9,12 @@ import ctypes.util
 import errno
 import os
 
+CAP_SETPCAP = 8
 CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
+CAP_SYS_TIME = 25
+CAP_NAMES = {CAP_SETPCAP: "CAP_SETPCAP", CAP_SYS_PTRACE: "CAP_SYS_PTRACE",
+             CAP_SYS_ADMIN: "CAP_SYS_ADMIN", CAP_SYS_TIME: "CAP_SYS_TIME"}
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
@@ -51,6 +55,24 @@ def _capget() -> tuple[_Header, ctypes.Array[_Data]]:
     return header, data
 
 
+def _bits(words: ctypes.Array[_Data], field: str) -> frozenset[int]:
+    return frozenset(32 * w + b for w in range(2) for b in range(32)
+                     if getattr(words[w], field) >> b & 1)
+
+
+def permitted_caps() -> frozenset[int]:
+    """This thread's permitted set: all capset can keep."""
+    return _bits(_capget()[1], "permitted")
+
+
+def effective_caps() -> frozenset[int]:
+    return _bits(_capget()[1], "effective")
+
+
+def cap_names(caps: frozenset[int]) -> str:
+    return ", ".join(CAP_NAMES.get(c, f"capability {c}") for c in sorted(caps)) or "none"
+
+
 def in_bounding_set(cap: int) -> bool:
     return prctl("PR_CAPBSET_READ", PR_CAPBSET_READ, cap) == 1
 
@@ -83,6 +105,23 @@ def drop_capability(cap: int) -> None:
     except OSError as e:
         if e.errno != errno.EINVAL:  # a kernel without ambient capabilities (< 4.3)
             raise
+
+
+def last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 40
+
+
+def limit_bounding_to(caps: frozenset[int]) -> None:
+    """Drop from the bounding set every capability not in ``caps``, so that an exec (of
+    root, of a setuid-root or file-capability binary) cannot gain one this thread lacks.
+    Needs CAP_SETPCAP in the effective set; raises OSError without it."""
+    for cap in range(last_cap() + 1):
+        if cap not in caps and in_bounding_set(cap):
+            prctl("PR_CAPBSET_DROP", PR_CAPBSET_DROP, cap)
 
 
 def set_caps(caps: frozenset[int]) -> None:
