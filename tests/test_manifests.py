@@ -97,16 +97,19 @@ def all_containers(spec: dict) -> list[dict]:
     return spec.get("containers", []) + spec.get("initContainers", [])
 
 
-def test_wrapper_is_user_namespaced_with_sys_admin_and_setpcap_only():
+def test_wrapper_is_user_namespaced_with_three_capabilities_and_a_read_only_root():
     """The recommended wrapper: a pod user namespace (tests/test_real_runc_userns.py runs
     the same setup under runc), CAP_SYS_ADMIN added (and CAP_SETPCAP, with which `run`
-    takes CAP_SYS_ADMIN out of the app's bounding set) and nothing privileged."""
+    takes CAP_SYS_ADMIN out of the app's bounding set, and CAP_SYS_CHROOT, with which it
+    re-binds after a daemon restart: tests/test_real_runc_caps.py) and nothing privileged."""
     spec = pod_spec("wrapper", "deployment.yaml")
     assert spec["hostUsers"] is False
     (app,) = spec["containers"]
     assert app["command"][:2] == ["guestfs", "run"]
     sc = app["securityContext"]
-    assert sc.get("privileged") is False and sc["capabilities"]["add"] == ["SYS_ADMIN", "SETPCAP"]
+    assert sc.get("privileged") is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "SETPCAP", "SYS_CHROOT"]}
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
 
 
 def test_sidecar_needs_no_privileged_mode_nor_bidirectional_propagation():

@@ -61,13 +61,14 @@ def test_wrapper_deployment():
     assert cfg.image.image == "guestfs.test/guestfs:1"
     res = cfg.linux.resources
     assert res.memory_limit_in_bytes == 512 * MiB
-    assert (res.cpu_period, res.cpu_quota) == (100000, 150000)
+    assert (res.cpu_period, res.cpu_quota) == (100000, 100000)
     assert res.cpu_shares == 512                           # 500m * 1024 / 1000
     # Burstable: 1000 - 1000 * 256Mi / 8Gi = 1000 - 31 (integer division).
     assert res.oom_score_adj == 969
     assert res.memory_swap_limit_in_bytes == 512 * MiB
     sc = cfg.linux.security_context
-    assert list(sc.capabilities.add_capabilities) == ["SYS_ADMIN", "SETPCAP"]
+    assert list(sc.capabilities.add_capabilities) == ["SYS_ADMIN", "SETPCAP", "SYS_CHROOT"]
+    assert sc.readonly_rootfs
     assert list(sc.capabilities.drop_capabilities) == ["ALL"]
     assert sc.no_new_privs and not sc.privileged
     assert sc.apparmor.profile_type == pb().SecurityProfile.Unconfined
@@ -76,38 +77,29 @@ def test_wrapper_deployment():
     assert cfg.log_path == "app/0.log"
     assert plan.sandbox.log_directory == f"/var/log/pods/default_{plan.name}_{plan.uid}"
     assert mount_at(cfg, "/etc/hosts").host_path == f"/var/lib/kubelet/pods/{plan.uid}/etc-hosts"
-    assert plan.pod_cpu_limit == 1500 and plan.pod_memory_limit == 512 * MiB
+    assert plan.pod_cpu_limit == 1000 and plan.pod_memory_limit == 512 * MiB
     assert plan.pod_cpu_request == 500
 
 
 def test_wrapper_limits_reach_guestfs_run():
-    """The wrapper hands the limits to `guestfs run` by the downward API: as a volume
-    (--limits-dir) or, in its earlier form, as env vars; /dev/fuse comes from the FUSE
-    device plugin's resource or, earlier, a hostPath. Whichever the manifest says, the
-    translation must carry it."""
+    """The wrapper hands the limits to `guestfs run` through a downward-API volume
+    (--limits-dir), which kubelet refreshes on a resize; /dev/fuse comes from the FUSE
+    device plugin's resource, never a hostPath."""
     plan = translate(K8S / "wrapper", images=IMAGES, node=NODE)
     (app,) = plan.containers
     cfg, argv = app.config, list(app.config.command)
-    vol = next((v for v in plan.volumes if v.kind == "downwardAPI"), None)
-    if vol is None:
-        env = env_of(cfg)
-        assert env["GUESTFS_MEMORY_LIMIT"] == str(512 * MiB)
-        assert env["GUESTFS_CPU_LIMIT"] == "1500"          # limits.cpu in 1m
-    else:
-        items = {i.path: (i.resource, i.container, i.divisor) for i in vol.items}
-        assert items == {"limits.memory": ("limits.memory", "app", "1"),
-                         "limits.cpu": ("limits.cpu", "app", "1m")}
-        m = next(m for m in cfg.mounts if m.host_path == vol.node_path)
-        assert m.readonly
-        assert argv[argv.index("--limits-dir") + 1] == m.container_path
-        assert vol.node_path == (f"/var/lib/kubelet/pods/{plan.uid}/volumes/"
-                                 f"kubernetes.io~downward-api/{vol.name}")
-    if "squat.ai/fuse" in app.resources.extended:
-        assert [(d.container_path, d.permissions) for d in cfg.devices] == [("/dev/fuse",
-                                                                             "rwm")]
-    else:
-        assert mount_at(cfg, "/dev/fuse").host_path == "/dev/fuse"
-        assert list(cfg.devices) == []
+    vol = next(v for v in plan.volumes if v.kind == "downwardAPI")
+    items = {i.path: (i.resource, i.container, i.divisor) for i in vol.items}
+    assert items == {"limits.memory": ("limits.memory", "app", "1"),
+                     "limits.cpu": ("limits.cpu", "app", "1m")}
+    m = next(m for m in cfg.mounts if m.host_path == vol.node_path)
+    assert m.readonly
+    assert argv[argv.index("--limits-dir") + 1] == m.container_path
+    assert vol.node_path == (f"/var/lib/kubelet/pods/{plan.uid}/volumes/"
+                             f"kubernetes.io~downward-api/{vol.name}")
+    assert "squat.ai/fuse" in app.resources.extended
+    assert [(d.container_path, d.permissions) for d in cfg.devices] == [("/dev/fuse", "rwm")]
+    assert not any(m.container_path == "/dev/fuse" for m in cfg.mounts)
 
 
 def test_sidecar_deployment():
