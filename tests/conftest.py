@@ -51,7 +51,10 @@ def cri_node_session():
 
 @pytest.fixture
 def cri_node(cri_node_session):
-    """The session's CriNode; pods a test leaves running are removed after it."""
+    """The session's CriNode; pods a test leaves running are removed after it (pods of a
+    wider fixture, started before the test, stay)."""
+    before = list(cri_node_session.pods)
     yield cri_node_session
     for pod in list(cri_node_session.pods):
-        pod.remove()
+        if not any(pod is b for b in before):
+            pod.remove()

@@ -98,7 +98,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.daemon.mountpoint import MountError
 
     one_malloc_arena()  # before any thread starts
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, args.quiet)
     if args.lock_dir:
         from guestfs.commands import mountlock
 
@@ -128,7 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from guestfs.commands.run import RunError, run
     from guestfs.daemon.mountpoint import MountError, refuse_symlink
 
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, quiet=not args.verbose)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
@@ -388,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO,
+def setup_logging(verbose: bool, quiet: bool = False) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(stream=sys.stderr, level=level,
                         format="guestfs[%(process)d] %(levelname)s %(name)s: %(message)s")

@@ -149,6 +149,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--allow-other", action="store_true",
                    help="let other users (and other containers' processes) read the files")
     m.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    m.add_argument("-q", "--quiet", action="store_true",
+                   help="warnings and errors only (how `run` starts its daemon unless -v)")
 
 
 def mount_argv(args: argparse.Namespace) -> list[str]:
@@ -158,8 +160,9 @@ def mount_argv(args: argparse.Namespace) -> list[str]:
         out += ["--cgroup", args.cgroup]
     if args.allow_other:
         out.append("--allow-other")
-    if args.verbose:
-        out.append("--verbose")
+    # The daemon run starts writes into the app's stderr, which is the pod's log: only
+    # what needs someone's attention, unless asked.
+    out.append("--verbose" if args.verbose else "--quiet")
     return out
 
 
