@@ -41,7 +41,8 @@ while :; do
            /sys/devices/system/cpu/online; do
     echo "file $f $($T cat $f | $T wc -c) $($T cat $f | $T tail -n 1)"
   done
-  echo "file /proc/cpuinfo $($T cat /proc/cpuinfo | $T wc -c) $($T cat /proc/cpuinfo | $T grep -c ^processor)"
+  c=/proc/cpuinfo
+  echo "file $c $($T cat $c | $T wc -c) $($T cat $c | $T grep -c ^processor)"
   if command -v python3 >/dev/null 2>&1; then
     python3 -c 'import os
 print("py", os.cpu_count(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
