@@ -365,18 +365,26 @@ def attach(pid: int, source_root: str, timeout: float = CHILD_TIMEOUT,
                         res["source"])
 
 
-def other_namespaces() -> dict[str, int]:
+def other_namespaces() -> tuple[dict[str, int], list[int]]:
     """One pid for every mount namespace other than ours (with shareProcessNamespace these
-    are the pod's other containers)."""
-    host = HostRoot()
-    own = host.ns_link("self", "mnt")
+    are the pod's other containers), and the pids whose namespace we may not see: a
+    process holding capabilities we lack, or of another uid, needs CAP_SYS_PTRACE."""
+    own = HostRoot().ns_link("self", "mnt")
     found: dict[str, int] = {}
+    hidden: list[int] = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            ns = host.ns_link(entry, "mnt")
-            if ns is not None and ns != own and ns not in found:
-                found[ns] = int(entry)
-    return found
+        if not entry.isdigit():
+            continue
+        try:
+            ns = os.readlink(f"/proc/{entry}/ns/mnt")
+        except PermissionError:
+            hidden.append(int(entry))
+            continue
+        except OSError:
+            continue   # gone meanwhile, or a kernel thread
+        if ns != own and ns not in found:
+            found[ns] = int(entry)
+    return found, hidden
 
 
 def watch(pids: list[int] | None, source_root: str, interval: float = 2.0,
@@ -385,8 +393,20 @@ def watch(pids: list[int] | None, source_root: str, interval: float = 2.0,
     new app processes get binds, stale binds from a dead daemon are replaced."""
     for pid in pids or ():
         check_target(pid)
+    told_hidden = False
     while True:
-        targets = pids if pids else list(other_namespaces().values())
+        if pids:
+            targets = pids
+        else:
+            found, hidden = other_namespaces()
+            targets = list(found.values())
+            if hidden and not told_hidden:
+                # Said once: the same processes stay hidden on every round.
+                log.warning("cannot see the mount namespace of %d process(es) (pid %d: "
+                            "permission denied): attach needs CAP_SYS_PTRACE to reach "
+                            "them (add SYS_PTRACE to this container's capabilities)",
+                            len(hidden), hidden[0])
+                told_hidden = True
         for pid in targets:
             try:
                 res = attach(pid, source_root, per_container=per_container)

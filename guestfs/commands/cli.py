@@ -95,7 +95,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.commands.mount import MountOptions, serve
     from guestfs.daemon.fuse_binding import BindingError
     from guestfs.daemon.lowmem import one_malloc_arena
-    from guestfs.daemon.mountpoint import MountError
+    from guestfs.daemon.mountpoint import MountError, check_fuse_device
 
     one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose, args.quiet)
@@ -119,6 +119,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
                         per_container=args.per_container,
                         reread_explicit=explicit_rereader(args, env))
     try:
+        check_fuse_device()
         return serve(opts)
     except (MountError, BindingError, OSError) as e:
         raise CliError(str(e)) from e
@@ -126,7 +127,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from guestfs.commands.run import RunError, run
-    from guestfs.daemon.mountpoint import MountError, refuse_symlink
+    from guestfs.daemon.mountpoint import MountError, check_fuse_device, refuse_symlink
+    from guestfs.system.caps import CAP_SYS_ADMIN, effective_caps
 
     setup_logging(args.verbose, quiet=not args.verbose)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -134,10 +136,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
     explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
     mp = args.mountpoint or DEFAULT_MOUNTPOINT
+    if CAP_SYS_ADMIN not in effective_caps():
+        # Checked first: everything after (the private namespace, FUSE, the binds) fails
+        # without it, with messages about what it fails at rather than why.
+        raise CliError("run: CAP_SYS_ADMIN is missing: run needs it for the app's private "
+                       "mount namespace, the FUSE mount and the binds (Kubernetes: "
+                       "securityContext.capabilities.add [SYS_ADMIN]; docker/podman: "
+                       "--cap-add SYS_ADMIN)")
     try:
         refuse_symlink(mp)   # before a daemon is started for it
+        check_fuse_device()
     except MountError as e:
-        raise CliError(str(e)) from e
+        raise CliError(f"run: {e}") from e
     try:
         return run(mp, cmd, mount_argv(args), args.bind_pressure,
                    keep_caps=args.keep_caps, host_clock=args.host_clock,

@@ -158,3 +158,29 @@ def refuse_symlink(mp: str) -> None:
     ``mp`` is not a mount (an lstat of a stopped daemon's mount point would hang)."""
     if mount_entry(mp) is None and os.path.islink(mp):
         raise MountError(f"{mp} is a symbolic link; give the directory itself")
+
+
+FUSE_DEVICE = "/dev/fuse"
+
+
+def check_fuse_device(path: str = FUSE_DEVICE) -> None:
+    """MountError, one line with the fix, when the FUSE device cannot be opened: libfuse
+    would otherwise print "fuse: device not found" and a bare error number. Kubernetes
+    gives a non-privileged container /dev/fuse only through a device plugin's resource: a
+    hostPath of it is bound but refused by the device cgroup (EPERM)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise MountError(f"{path} does not exist here: give the container the FUSE device "
+                         "(Kubernetes: resources.limits squat.ai/fuse: 1 from the FUSE "
+                         "device plugin, or privileged; docker/podman: --device "
+                         "/dev/fuse)") from None
+    except PermissionError as e:
+        raise MountError(f"{path} cannot be opened ({e.strerror}): the device cgroup or "
+                         "its mode forbids it; a hostPath /dev/fuse is not enough in a "
+                         "non-privileged container, request the FUSE device plugin's "
+                         "resource (squat.ai/fuse) or --device /dev/fuse") from None
+    except OSError as e:
+        raise MountError(f"{path} cannot be opened: {e.strerror or e}") from None
+    os.close(fd)
+
