@@ -37,6 +37,7 @@ while :; do
   echo "online $($T cat /sys/devices/system/cpu/online)"
   echo "top $($T top -bn1 | $T grep -i -m1 'cpu')"
   echo "cpu $($T head -n 1 /proc/stat)"
+  echo "capeff $($T grep CapEff /proc/self/status)"
   for f in /proc/meminfo /proc/stat /proc/uptime /proc/loadavg /proc/swaps /proc/diskstats \
            /sys/devices/system/cpu/online; do
     echo "file $f $($T cat $f | $T wc -c) $($T cat $f | $T tail -n 1)"
@@ -85,6 +86,7 @@ class Reading:
     py_cpu_count: int | None = None
     py_phys_bytes: int | None = None
     py_memtotal_kb: int | None = None
+    cap_eff: int | None = None        # the probe's own effective capabilities
     cpu_ticks: tuple[int, ...] = ()   # /proc/stat's aggregate line: user nice system idle ...
 
     @property
@@ -143,6 +145,8 @@ def parse(log: str) -> list[Reading]:
             path, _, tail = rest.partition(" ")
             size, _, last = tail.partition(" ")
             cur.files[path] = (int(size) if size.isdigit() else 0, last)
+        elif word == "capeff":
+            cur.cap_eff = int(rest.split()[-1], 16)
         elif word == "cpu":
             cur.cpu_ticks = tuple(int(x) for x in rest.split()[1:])
         elif word == "py":

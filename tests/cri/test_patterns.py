@@ -133,6 +133,8 @@ def test_wrapper_pattern(cri_node, image, tools):
             return pod.logs("app")
         r, _ = wait_for_reading(logs, sees(LIMIT, 1, True, sysinfo_free))
         check_reading(r, LIMIT, 1, True, sysinfo_free, python=True)
+        # The manifest's set less CAP_SYS_ADMIN: CAP_SETPCAP (8) and CAP_SYS_CHROOT (18).
+        assert r.cap_eff == (1 << 8) | (1 << 18), hex(r.cap_eff or 0)
         check_idle(logs, r)
         r = resize_and_wait(pod, logs, True, sysinfo_free)
         check_reading(r, RESIZED, 2, True, sysinfo_free, python=True)
