@@ -107,8 +107,13 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
         raise ValueError(f"unknown layout {layout!r}")
     dirs, files = _tree()
     t = time.time_ns()  # every directory carries the mount's start time
-    erofs = fuse.FuseOSError(errno.EROFS)
-    enoent = fuse.FuseOSError(errno.ENOENT)
+    # A fresh exception per raise: one shared instance grows its __traceback__ by a frame
+    # chain on every raise, forever (~2 KB per failed lookup, which any reader can cause).
+    def erofs() -> Exception:
+        return fuse.FuseOSError(errno.EROFS)
+
+    def enoent() -> Exception:
+        return fuse.FuseOSError(errno.ENOENT)
     per_container = layout == "per-container"
 
     def render(path: str, cgroup: str | None) -> tuple[float, bytes]:
@@ -195,11 +200,11 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
                 try:
                     cgroup = path_of_key(key)
                 except BadKey:
-                    raise enoent from None
+                    raise enoent() from None
                 # Created on demand: a lookup of a container's key serves it while its
                 # cgroup exists; bounded, as a lookup of every name must not grow us.
                 if not cgroup_exists(server.host, cgroup):
-                    raise enoent
+                    raise enoent()
                 if len(self._known) >= SIZED_ENTRIES:
                     self._known.pop(next(iter(self._known)))
                 self._known[key] = cgroup
@@ -224,7 +229,7 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
                 return {"st_mode": DIR_MODE, "st_nlink": 2, "st_mtime": t, "st_ctime": t,
                         "st_atime": t}
             if not self._is_file(cgroup, sub):
-                raise enoent
+                raise enoent()
             if self.page_cache:
                 gen = self._current(path, cgroup, sub)
                 return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": len(gen.data),
@@ -297,7 +302,7 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
                 raise fuse.FuseOSError(errno.EISDIR if self._is_dir(cgroup, sub)
                                        else errno.ENOENT)
             if fi.flags & os.O_ACCMODE != os.O_RDONLY or fi.flags & os.O_TRUNC:
-                raise erofs
+                raise erofs()
             if self.page_cache:
                 # The kernel remembers this for the whole connection (no_open) and from
                 # then on opens, reads from its page cache and closes without asking us.
@@ -351,14 +356,14 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
         def access(self, path: str, amode: int) -> int:
             cgroup, sub = self._split(path)
             if not self._is_dir(cgroup, sub) and not self._is_file(cgroup, sub):
-                raise enoent
+                raise enoent()
             if amode & os.W_OK:
-                raise erofs
+                raise erofs()
             return 0
 
         # Read-only filesystem: everything that would change it.
         def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-            raise erofs
+            raise erofs()
 
         write = create = mkdir = rmdir = unlink = rename = link = symlink = mknod = _refuse
         chmod = chown = truncate = utimens = setxattr = removexattr = _refuse
