@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 from guestfs.commands import attach as attach_mod
-from guestfs.sources.containerdirs import dir_key, key_of_cgroup_text
+from guestfs.sources.containerdirs import dir_key, key_of_cgroup_text, path_of_key, split_spec
 from tests.fusemount import mounted, wait_for
 from tests.realcg import process_in, v1_cgroup
 from tests.test_attach import free_total
@@ -40,7 +40,14 @@ def test_attach_binds_the_targets_own_directory():
             with open(f"/proc/{app.pid}/cgroup") as f:
                 key = key_of_cgroup_text(f.read())
             with mounted(mp, "--per-container"):
-                assert dir_key(app_cg.paths["memory"]) == key
+                # Each controller at its own path (here memory sits under this sandbox's
+                # cgroup, cpu and cpuset at the root's children): the key says where.
+                main, others = split_spec(path_of_key(key))
+                assert main == app_cg.paths["memory"]
+                for c in ("cpu", "cpuset"):
+                    assert next((p for k, p in others.items() if c in k), main) == \
+                        app_cg.paths[c]
+                assert key.startswith(dir_key(main))
                 assert not os.path.exists(os.path.join(mp, "proc"))
                 assert free_total(app.pid) not in ("256", "384")
                 # Told it is shared, attach finds no MP/proc: it says so, binds nothing.

@@ -271,3 +271,44 @@ def test_mmap_of_a_page_cached_file_maps_exactly_its_rendering():
                             mapped = m[:]
                         assert len(mapped) == size and mapped.endswith(b"\n"), name
                         assert b"\0" not in mapped, name
+
+
+def test_a_container_with_controllers_at_different_paths_gets_each_ones_files():
+    """On this machine the test cgroup's memory sits below this sandbox's memory cgroup and
+    its cpu and cpuset at other paths; its key names each, so its CPU files are its own
+    cpuset's and quota's, not the node's (a key of the memory path alone read cpu and cpuset
+    where no such cgroup was: all CPUs and the node's counters)."""
+    from guestfs.sources.containerdirs import key_of_cgroup_text, path_of_key, split_spec
+    from tests.realcg import process_in
+
+    with v1_cgroup(512 * MiB, 50000, 100000, cpus="1") as cg, process_in(cg) as proc, \
+            private_mountpoint() as mpp:
+        if len({cg.paths["memory"], cg.paths["cpu"], cg.paths["cpuset"]}) == 1:
+            pytest.skip("every controller at one path here: nothing to tell apart")
+        with open(f"/proc/{proc.pid}/cgroup") as f:
+            key = key_of_cgroup_text(f.read())
+        main, others = split_spec(path_of_key(key))
+        assert main == cg.paths["memory"] and cg.paths["cpu"] in others.values()
+        mp = str(mpp)
+        with mounted(mp, "--per-container"):
+            assert read(f"{mp}/{key}/sys/devices/system/cpu/online") == b"0\n"
+            assert read(f"{mp}/{key}/proc/cpuinfo").count(b"processor") == 1
+            assert mem_total_kb(read(f"{mp}/{key}/proc/meminfo")) == 512 * 1024
+            stat = read(f"{mp}/{key}/proc/stat").decode().splitlines()
+            assert [ln.split()[0] for ln in stat[:2]] == ["cpu", "cpu0"] and \
+                not stat[2].startswith("cpu1")
+
+
+def test_per_container_keys_have_one_spelling():
+    from guestfs.sources.containerdirs import BadKey, dir_key, join_spec, path_of_key
+
+    spec = join_spec("/a/b", {frozenset({"cpuacct", "cpu"}): "/c", frozenset({"cpuset"}): "/"})
+    assert spec == "/a/b;cpu,cpuacct=/c;cpuset=/"
+    assert path_of_key(dir_key(spec)) == spec
+    assert join_spec("/a", {frozenset({"cpu"}): "/a"}) == "/a"    # same path: plain key
+    for alias in ("/a/b;cpuset=/;cpu,cpuacct=/c", "/a/b;cpuacct,cpu=/c", "/a;cpu=/a",
+                  "/a;cpu=", "/a;=/b", "/a;cpu=/../x", "/a;cpu"):
+        with pytest.raises(BadKey):
+            path_of_key(dir_key(alias))
+    with pytest.raises(BadKey):
+        path_of_key("%2F%FF")          # not UTF-8: refused, not a traceback

@@ -6,6 +6,13 @@ cgroup's view whoever reads them, so the kernel can serve them from its page cac
 (docs/mount.md). The key is the cgroup path itself, percent-encoded into one path
 component: it is stable across daemon restarts and container restarts in place, and a
 binding made by `attach` or the OCI hook can be recomputed from the container's pid.
+
+Runtimes give every controller the same path, but not every host does (systemd setups,
+this kind of sandbox: memory at /x, cpu and cpuset at /): read at the memory controller's
+path, such a container's CPU files would be another cgroup's or nobody's. So where a
+controller guestfs reads sits elsewhere, the key says so: its cgroup "spec" is the main
+path followed by ``;CONTROLLERS=PATH`` for each such v1 hierarchy (``/x;cpu,cpuacct=/``),
+and a container whose controllers agree keeps the plain path as its key.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from guestfs.sources.proc_cgroup import CgroupMembership, parse_proc_cgroup
 # limit people ask about, and runtimes give every controller the same path.
 KEY_CONTROLLER = "memory"
 MAX_KEY = 255  # one path component (NAME_MAX)
+# The v1 controllers a view reads (sources/snapshot.py's CONTROLLERS): only where one of
+# these sits at another path does the key carry it.
+READ_CONTROLLERS = frozenset({"memory", "cpu", "cpuset", "cpuacct", "blkio"})
 
 
 class BadKey(ValueError):
@@ -38,29 +48,59 @@ def dir_key(cgroup_path: str) -> str:
     return key
 
 
+def _check_path(path: str, spec: str) -> None:
+    if not path.startswith("/") or (
+            path != "/" and any(p in ("", ".", "..") for p in path[1:].split("/"))):
+        raise BadKey(f"cgroup path with empty, '.' or '..' components: {spec!r}")
+
+
+def split_spec(spec: str) -> tuple[str, dict[frozenset[str], str]]:
+    """(main path, {v1 controllers: path}) of a cgroup spec; a plain path has no others."""
+    main, *rest = spec.split(";")
+    others: dict[frozenset[str], str] = {}
+    for part in rest:
+        ctrls, sep, path = part.partition("=")
+        if not sep or not ctrls:
+            raise BadKey(f"not a cgroup spec: {spec!r}")
+        others[frozenset(ctrls.split(","))] = path
+    return main, others
+
+
+def join_spec(main: str, others: dict[frozenset[str], str]) -> str:
+    """The one spelling of a spec: others sorted, controllers sorted, none at main's path."""
+    parts = sorted(f"{','.join(sorted(c))}={p}" for c, p in others.items() if p != main)
+    return ";".join([main, *parts])
+
+
 def path_of_key(key: str) -> str:
-    """The cgroup path a directory name stands for; BadKey for names that are not keys
+    """The cgroup spec a directory name stands for; BadKey for names that are not keys
     (every key starts with an encoded "/", so ".", ".." and plain names are not)."""
     if not key.startswith("%2F"):
         raise BadKey(f"not a container directory: {key!r}")
-    path = unquote(key, errors="strict")
-    if dir_key(path) != key:  # one spelling per path: no aliases of one container
-        raise BadKey(f"not the canonical spelling of {path!r}: {key!r}")
-    if path != "/" and any(p in ("", ".", "..") for p in path[1:].split("/")):
-        raise BadKey(f"cgroup path with empty, '.' or '..' components: {path!r}")
-    return path
+    try:
+        spec = unquote(key, errors="strict")
+    except UnicodeDecodeError:
+        raise BadKey(f"not a container directory: {key!r}") from None
+    if dir_key(spec) != key:  # one spelling per path: no aliases of one container
+        raise BadKey(f"not the canonical spelling of {spec!r}: {key!r}")
+    main, others = split_spec(spec)
+    if join_spec(main, others) != spec:
+        raise BadKey(f"not the canonical spelling of {spec!r}: {key!r}")
+    for path in (main, *others.values()):
+        _check_path(path, spec)
+    return spec
 
 
 def container_cgroup(memberships: list[CgroupMembership]) -> str | None:
-    """The cgroup path that names a process's container: its memory controller's on v1
-    and hybrid hosts, else its cgroup v2 path."""
-    for m in memberships:
-        if KEY_CONTROLLER in m.controllers:
-            return m.path
-    for m in memberships:
-        if m.is_v2:
-            return m.path
-    return None
+    """The cgroup spec that names a process's container: its memory controller's path on
+    v1 and hybrid hosts (with the paths of the other controllers a view reads where they
+    differ), else its cgroup v2 path."""
+    main = next((m.path for m in memberships if KEY_CONTROLLER in m.controllers), None)
+    if main is None:
+        return next((m.path for m in memberships if m.is_v2), None)
+    others = {m.controllers: m.path for m in memberships
+              if not m.is_v2 and m.controllers & READ_CONTROLLERS and m.path != main}
+    return join_spec(main, others)
 
 
 def key_of_cgroup_text(text: str) -> str | None:
@@ -69,10 +109,11 @@ def key_of_cgroup_text(text: str) -> str | None:
     return dir_key(path) if path is not None else None
 
 
-def cgroup_exists(host: HostRoot, path: str) -> bool:
-    """Whether ``path`` is a cgroup directory in any hierarchy the daemon sees: a directory
-    is served only for a container that exists (once served, a vanished one keeps its
-    last good numbers, as every view does)."""
+def cgroup_exists(host: HostRoot, spec: str) -> bool:
+    """Whether the main path of ``spec`` is a cgroup directory in any hierarchy the daemon
+    sees: a directory is served only for a container that exists (once served, a vanished
+    one keeps its last good numbers, as every view does)."""
+    path = split_spec(spec)[0]
     try:
         mounts = read_cgroup_mounts(host, "self")
     except OSError:

@@ -21,6 +21,7 @@ from guestfs.sources.cgroup_path import (
     level_paths,
     pick_mount,
 )
+from guestfs.sources.containerdirs import split_spec
 from guestfs.sources.host_proc import HostInfo, read_host_info
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.mountinfo import CgroupMount, read_cgroup_mounts
@@ -240,11 +241,15 @@ def read_snapshot(host: HostRoot, pid: int | str = "self") -> Snapshot:
 
 def memberships_for_path(host: HostRoot, path: str) -> list[CgroupMembership]:
     """Membership lines as if a process sat in cgroup ``path`` of every hierarchy
-    (``guestfs mount --cgroup PATH`` pins the view to one cgroup)."""
-    out = [CgroupMembership(0, frozenset(), path)]
+    (``guestfs mount --cgroup PATH`` pins the view to one cgroup), or, for a
+    per-container spec (``/x;cpu,cpuacct=/``, containerdirs.py), at each v1 hierarchy's
+    own path."""
+    main, others = split_spec(path)
+    out = [CgroupMembership(0, frozenset(), main)]
     for i, m in enumerate(read_cgroup_mounts(host, "self"), start=1):
         if m.version == 1:
-            out.append(CgroupMembership(i, m.controllers, path))
+            own = next((p for c, p in others.items() if c & m.controllers), main)
+            out.append(CgroupMembership(i, m.controllers, own))
     return out
 
 
