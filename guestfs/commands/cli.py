@@ -29,6 +29,7 @@ from guestfs.sources.host_proc import HostInfoError
 from guestfs.sources.host_root import HostReadError, HostRoot
 from guestfs.sources.proc_cgroup import PidGone
 from guestfs.sources.snapshot import Snapshot, pinned_cgroup_dirs, read_snapshot
+from guestfs.system import ratelog
 from guestfs.system.oneline import one_line
 
 
@@ -402,3 +403,5 @@ def setup_logging(verbose: bool, quiet: bool = False) -> None:
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     logging.basicConfig(stream=sys.stderr, level=level,
                         format="guestfs[%(process)d] %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        ratelog.install(handler)
