@@ -14,6 +14,7 @@ from guestfs.commands.options import (
     AFFINITY_MODES,
     CliError,
     OneLineParser,
+    UsageError,
     add_limit_options,
     add_mount_options,
     add_run_privilege_options,
@@ -105,8 +106,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
         mountlock.use_lock_dir(os.path.abspath(args.lock_dir))
     if args.per_container and args.cgroup:
-        raise CliError("mount: --per-container serves every container's cgroup; it takes "
-                       "no --cgroup")
+        raise UsageError("mount: --per-container serves every container's cgroup; it takes "
+                         "no --cgroup")
     if args.cgroup is not None and not pinned_cgroup_dirs(HostRoot(), args.cgroup):
         # Served anyway, its view would be the node's numbers with nothing counted.
         raise CliError(f"mount: --cgroup {args.cgroup}: no such cgroup in any cgroup "
@@ -134,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     setup_logging(args.verbose, quiet=not args.verbose)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        raise CliError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
+        raise UsageError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
     explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
     mp = args.mountpoint or DEFAULT_MOUNTPOINT
     if CAP_SYS_ADMIN not in effective_caps():
@@ -394,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except CliError as e:
         print(f"guestfs: {one_line(str(e))}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
     except BrokenPipeError:
         return 0
 

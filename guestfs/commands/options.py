@@ -28,6 +28,11 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit status 1."""
 
 
+class UsageError(CliError):
+    """A command line that cannot mean anything, found after parsing: exit status 2, as
+    argparse's own usage errors."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line naming the bad input (argparse prints the whole usage
     first, which buries it), exit status 2 as argparse's."""
