@@ -3,10 +3,14 @@ write the caller's memory safely, answer it.
 
 Answering rules, all from seccomp_unotify(2):
 - the caller's memory is copied with process_vm_readv(2)/process_vm_writev(2), which
-  never force: a write fails with EFAULT where the caller's page is not writable at the
-  moment of the copy, exactly where the kernel's own copy_to_user would, and the caller
-  gets EFAULT as from the kernel. No map is read first, so there is no check-then-write
-  window (a /proc/PID/mem write may go through read-only pages: FOLL_FORCE);
+  never force: a write fails with EFAULT where the caller's page is not writable when
+  the kernel takes it for the copy, as the kernel's own copy_to_user would, and the
+  caller gets EFAULT as from the kernel. No map is read first, so there is no
+  check-then-write window of ours (a /proc/PID/mem write may go through read-only pages:
+  FOLL_FORCE). The kernel's own is narrow: mm/process_vm_access.c pins the pages under
+  the mmap lock and copies right after dropping it, so an mprotect() completing in
+  between lets the copy for a call already under way land just after the page turned
+  read-only; a call begun after that never writes it (tests/test_real_seccomp_mprotect);
 - every copy is preceded by SECCOMP_IOCTL_NOTIF_ID_VALID (CallerMemory);
 - whatever cannot be answered is passed back to the kernel with
   SECCOMP_USER_NOTIF_FLAG_CONTINUE, which runs the real call: the app gets the host's
