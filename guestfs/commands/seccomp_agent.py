@@ -60,7 +60,13 @@ from guestfs.system.seccomp_keeper import (
     owned_private_dir,
     remove_stale,
 )
-from guestfs.system.seccomp_notify import Handler, receive, respond, serve_one
+from guestfs.system.seccomp_notify import (
+    Handler,
+    receive,
+    respond,
+    serve_one,
+    sync_wake_up,
+)
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -412,6 +418,7 @@ class Agent:
                     while not self._incoming.empty():
                         c = self._incoming.get()
                         self.containers[c.listener] = c
+                        sync_wake_up(c.listener)
                         poller.register(c.listener, select.POLLIN)
                     continue
                 c = self.containers[fd]

@@ -40,7 +40,9 @@ _RESP = struct.Struct("=QqiI")             # id, val, error, flags
 IOCTL_NOTIF_RECV = 0xC0000000 | (_NOTIF.size << 16) | (0x21 << 8) | 0
 IOCTL_NOTIF_SEND = 0xC0000000 | (_RESP.size << 16) | (0x21 << 8) | 1
 IOCTL_NOTIF_ID_VALID = 0x40000000 | (8 << 16) | (0x21 << 8) | 2
+IOCTL_NOTIF_SET_FLAGS = 0x40000000 | (8 << 16) | (0x21 << 8) | 4
 FLAG_CONTINUE = 1
+FD_SYNC_WAKE_UP = 1        # SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP, Linux 6.6
 
 
 class _IOVec(ctypes.Structure):
@@ -180,6 +182,14 @@ def serve_one(listener: int, note: Notification, handlers: Mapping[int, Handler]
     respond(listener, note.id, answer.val, answer.error, answer.cont)
 
 
+def sync_wake_up(listener: int) -> None:
+    """Tell the kernel the caller and this supervisor take turns (the caller blocks until
+    answered): the answer then switches to the caller on the supervisor's CPU instead of
+    waking it on another. Older kernels (EINVAL) just wake it as before."""
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(listener, IOCTL_NOTIF_SET_FLAGS, FD_SYNC_WAKE_UP)
+
+
 class NotificationLoop:
     """Answers one listener in a thread of its own, until every filtered process has
     exited (the listener then polls POLLHUP) or stop() is called."""
@@ -191,6 +201,7 @@ class NotificationLoop:
         self._thread = threading.Thread(target=self._loop, name="guestfs-seccomp", daemon=True)
 
     def start(self) -> NotificationLoop:
+        sync_wake_up(self.listener)
         self._thread.start()
         return self
 
