@@ -266,3 +266,24 @@ def test_runc_style_hook_inside_the_containers_pid_and_mount_namespaces(tmp_path
                              text=True, timeout=60)
     assert "bound 10, already live 0" in out.stderr, out.stderr
     assert out.stdout.split() == ["rc=0", "MemTotal:", "307200", "kB", "proc"], out
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no pidfd (ENOSYS)"])
+def test_the_states_pid_is_found_in_proc_with_and_without_pidfds(monkeypatch, pidfds):
+    """Our parent (runc: the container's init) and ourselves, as /proc names them; where
+    the kernel has no pidfd_open, through /proc/self/status's PPid for the parent."""
+    import errno
+
+    if not pidfds:
+        def enosys(pid):
+            raise OSError(errno.ENOSYS, "Function not implemented")
+        monkeypatch.setattr(ocihook.os, "pidfd_open", enosys)
+    for pid in (os.getppid(), os.getpid()):
+        found, ns_fd = ocihook.container_namespace(pid)
+        try:
+            assert found == pid
+            assert ocihook._same_file(ns_fd, f"/proc/{pid}/ns/mnt")
+        finally:
+            os.close(ns_fd)
+    with pytest.raises(ocihook.HookError, match="state pid|mount namespace"):
+        ocihook.container_namespace(2 ** 22 + 12345)       # above any pid_max: no such pid

@@ -26,6 +26,7 @@ would without guestfs. ``--strict`` makes those failures fail the container's st
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -130,15 +131,35 @@ def container_key(pid: int | str, cgroups_path: str | None) -> str:
         raise HookError(str(e)) from e
 
 
-def _pid_in_proc(pidfd: int) -> int:
+def _pid_in_proc(pidfd: int) -> int | None:
     """The pid /proc knows the process of ``pidfd`` by: its fdinfo's "Pid:", which the
     kernel gives in the pid namespace of the procfs it is read through (0: not visible
-    there, -1: exited)."""
+    there, -1: exited); None where fdinfo has no such line (before Linux 5.5)."""
     with open(f"/proc/self/fdinfo/{pidfd}") as f:
         for line in f:
             if line.startswith("Pid:"):
                 return int(line.split()[1])
-    raise HookError("no Pid in a pidfd's fdinfo (kernel before 5.3?)")
+    return None
+
+
+def _pid_without_pidfd(pid: int) -> int:
+    """Kernels without pidfds (or their fdinfo): the state's pid naming our parent (runc)
+    is our parent as /proc/self/status's PPid names it, in /proc's pid namespace; any
+    other is taken as the node's."""
+    if os.getppid() != pid:
+        return pid
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    raise HookError("no PPid in /proc/self/status")
+
+
+def _open_ns(pid: int) -> int:
+    try:
+        return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise HookError(f"pid {pid}: its mount namespace: {e.strerror or e}") from e
 
 
 def container_namespace(pid: int) -> tuple[int, int]:
@@ -153,15 +174,17 @@ def container_namespace(pid: int) -> tuple[int, int]:
     try:
         pidfd = os.pidfd_open(pid)
     except OSError as e:
-        raise HookError(f"state pid {pid}: {e.strerror or e}") from e
+        if e.errno != errno.ENOSYS:
+            raise HookError(f"state pid {pid}: {e.strerror or e}") from e
+        proc_pid = _pid_without_pidfd(pid)
+        return proc_pid, _open_ns(proc_pid)
     try:
         proc_pid = _pid_in_proc(pidfd)
-        if proc_pid <= 0:
+        if proc_pid is None:
+            proc_pid = _pid_without_pidfd(pid)
+        elif proc_pid <= 0:
             raise HookError(f"state pid {pid}: not visible in /proc (Pid {proc_pid})")
-        try:
-            ns_fd = os.open(f"/proc/{proc_pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise HookError(f"pid {proc_pid}: its mount namespace: {e.strerror or e}") from e
+        ns_fd = _open_ns(proc_pid)
         try:
             signal.pidfd_send_signal(pidfd, 0)
         except OSError as e:
