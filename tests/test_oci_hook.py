@@ -176,3 +176,114 @@ def test_the_log_file_is_never_written_through_a_symlink(tmp_path):
     plain = tmp_path / "plain.log"
     ocihook.main(source=str(tmp_path / "none"), stdin=io.StringIO("{}"), log_file=str(plain))
     assert "not an OCI state" in plain.read_text()
+
+
+# The hook runs here only inside a private mount namespace of its own (unshare -m), so that
+# a hook that binds over its own namespace's files covers that namespace's, never this
+# machine's. The wrapper prints the hook's exit status and stderr, then the filesystem
+# type of the files the hook must leave alone, as seen in that namespace.
+WRAPPED = r"""
+import json, os, subprocess, sys
+state = json.loads(sys.argv[1])
+state["pid"] = state["pid"] or os.getpid()          # 0: a process of this namespace
+out = subprocess.run([sys.executable, "-m", "guestfs", "oci-hook", *sys.argv[2:]],
+                     input=json.dumps(state), capture_output=True, text=True)
+kinds = subprocess.run(["stat", "-f", "-c", "%T", "/proc/meminfo",
+                        "/sys/devices/system/cpu/online"], capture_output=True, text=True)
+print(json.dumps({"rc": out.returncode, "err": out.stderr, "kinds": kinds.stdout.split()}))
+"""
+
+
+def hook_in_private_namespace(state: dict, *args: str) -> dict:
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                          "-c", WRAPPED, json.dumps(state), *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def root_bundle(top: str, how: str) -> str:
+    """A bundle whose root resolves to "/": named so, climbed to with "..", or a symlink."""
+    bundle = tempfile.mkdtemp(dir=top)
+    root = {"slash": "/", "climb": "/".join([".."] * 40), "symlink": "rootfs"}[how]
+    if how == "symlink":
+        os.symlink("/", os.path.join(bundle, "rootfs"))
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump({"ociVersion": "1.0.2", "root": {"path": root}}, f)
+    return bundle
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("how", ["slash", "climb", "symlink"])
+@pytest.mark.parametrize("whose", ["the hook's own namespace", "another namespace"])
+def test_a_root_that_is_the_namespaces_own_slash_is_refused(fake_container, how, whose):
+    """Whether the state's pid shares the hook's namespace or not, a root resolving to that
+    namespace's "/" gets nothing bound: not over the hook's own /proc, not over the
+    container namespace's (entered through the state's pid), in one line."""
+    _, _, pid = fake_container()
+    top = tempfile.mkdtemp(prefix="guestfs-oci-root-")
+    mp = os.path.join(top, "mnt")
+    try:
+        with mounted(mp, "--memory-limit", "300Mi", "--allow-other"):
+            state = {"ociVersion": "1.0.2", "id": "c", "status": "creating",
+                     "pid": 0 if whose.startswith("the hook") else pid,
+                     "bundle": root_bundle(top, how)}
+            strict = hook_in_private_namespace(state, "--source", mp, "--strict")
+            assert strict["kinds"] == ["proc", "sysfs"], strict
+            assert strict["rc"] == 1
+            assert "is its mount namespace's own /: refusing" in strict["err"], strict
+            assert len(strict["err"].splitlines()) == 1, strict
+            lenient = hook_in_private_namespace(state, "--source", mp)
+            assert lenient["rc"] == 0 and lenient["kinds"] == ["proc", "sysfs"], lenient
+            assert "the container starts with the kernel's files" in lenient["err"]
+            # The container's namespace (entered through the state's pid) is untouched too.
+            assert inside(pid, "stat", "-f", "-c", "%T", "/proc/meminfo").strip() == "proc"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.real
+def test_runc_style_hook_inside_the_containers_pid_and_mount_namespaces(tmp_path):
+    """As runc runs it: a child of the container's init, in its new pid and mount
+    namespaces, the state's pid the init's pid there (1), /proc still the node's procfs
+    (where 1 names another process). The hook finds its namespace through a pidfd and binds
+    below the root in place."""
+    bundle = tmp_path / "b"
+    root = bundle / "rootfs"
+    (root / "proc").mkdir(parents=True)
+    (root / "sys").mkdir()
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c", "status": "creating", "pid": 1,
+                        "bundle": str(bundle)})
+    mp = str(tmp_path / "mnt")
+    with mounted(mp, "--memory-limit", "300Mi", "--allow-other"):
+        script = (f"mount -t proc proc {root}/proc && mount -t sysfs sysfs {root}/sys && "
+                  f"echo '{state}' | {sys.executable} -m guestfs oci-hook --source {mp} "
+                  f"--strict -v; echo rc=$?; head -1 {root}/proc/meminfo; "
+                  "stat -f -c %T /proc/meminfo")
+        out = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--propagation",
+                              "private", "sh", "-c", script], capture_output=True,
+                             text=True, timeout=60)
+    assert "bound 10, already live 0" in out.stderr, out.stderr
+    assert out.stdout.split() == ["rc=0", "MemTotal:", "307200", "kB", "proc"], out
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no pidfd (ENOSYS)"])
+def test_the_states_pid_is_found_in_proc_with_and_without_pidfds(monkeypatch, pidfds):
+    """Our parent (runc: the container's init) and ourselves, as /proc names them; where
+    the kernel has no pidfd_open, through /proc/self/status's PPid for the parent."""
+    import errno
+
+    if not pidfds:
+        def enosys(pid):
+            raise OSError(errno.ENOSYS, "Function not implemented")
+        monkeypatch.setattr(ocihook.os, "pidfd_open", enosys)
+    for pid in (os.getppid(), os.getpid()):
+        found, ns_fd = ocihook.container_namespace(pid)
+        try:
+            assert found == pid
+            assert ocihook._same_file(ns_fd, f"/proc/{pid}/ns/mnt")
+        finally:
+            os.close(ns_fd)
+    with pytest.raises(ocihook.HookError, match="state pid|mount namespace"):
+        ocihook.container_namespace(2 ** 22 + 12345)       # above any pid_max: no such pid

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -359,3 +360,34 @@ def test_one_agent_serves_many_listeners_and_drops_each_when_its_processes_exit(
         assert wait_for(lambda: fd_count(agent.pid) <= base[0] and fd_count(guard) <= base[1],
                         10), (base, fd_count(agent.pid), fd_count(guard))
         assert log.read_text().count("calls answered") == n
+
+
+def test_idle_connections_delay_no_hand_off():
+    """20 connections that never send, then one real hand-off: its process's sysinfo(2)
+    is served while all 20 are still open, i.e. before the agent has given up on any of
+    them (each has its own deadline, HANDOFF_TIMEOUT). Read one at a time, the hand-off
+    would wait 20 deadlines; measured against the idle ones, not against a clock."""
+    if os.geteuid() != 0:
+        pytest.skip("installing a filter without NoNewPrivs needs CAP_SYS_ADMIN")
+    with workdir() as top, agent_running(top, str(top / "no-mount")) as (_agent, sock, log):
+        idle = []
+        try:
+            for _ in range(20):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(sock)
+                idle.append(s)
+            with handed_off_children(sock, 1) as (go, out):
+                os.write(go, b"x")
+                # Bounded only to fail rather than hang (20 deadlines would be 40 s).
+                ready = select.select([out], [], [], 60)[0]
+                # Still open: the agent has neither read an end of them nor closed them.
+                closed = [s for s in idle if select.select([s], [], [], 0)[0]]
+                assert ready, "the hand-off's sysinfo was not served"
+                line = os.read(out, 64).decode().split()
+        finally:
+            for s in idle:
+                s.close()
+        assert not closed, f"{len(closed)} idle connections closed before the hand-off " \
+                           "was served"
+        assert line and int(line[0]) > 0, line
+        assert "container many-" in log.read_text()

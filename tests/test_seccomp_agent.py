@@ -3,8 +3,11 @@ listening socket's safety rules, and hand-offs that are not what runc sends."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import socket
 import stat
 import threading
@@ -12,6 +15,8 @@ import threading
 import pytest
 
 from guestfs.commands.seccomp_agent import (
+    MAX_DEPTH,
+    MAX_STATE,
     Agent,
     AgentError,
     StateError,
@@ -20,6 +25,7 @@ from guestfs.commands.seccomp_agent import (
     receive_handoff,
 )
 from guestfs.system.seccomp_filter import ARCHES, Interception, install_listener, this_arch
+from tests.fusemount import wait_for
 
 # What runc 1.1 sends (libcontainer/process_linux.go, sendContainerProcessState).
 RUNC_STATE = {"ociVersion": "1.0.2-dev", "fds": ["seccompFd"], "pid": 4242,
@@ -38,6 +44,10 @@ def state_bytes(**changes: object) -> bytes:
 def test_runc_state_parses():
     st = parse_state(state_bytes())
     assert (st.pid, st.container_id, st.fd_index) == (4242, "web-1", 0)
+    # Brackets and quotes inside strings are not nesting; one level under the limit is.
+    tricky = state_bytes(metadata='[[[{"\\"}]]', annotations={"k": "}}]]"},
+                         nested=json.loads("[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)))
+    assert parse_state(b"  \n" + tricky + b"\n").pid == 4242
 
 
 def test_state_pid_falls_back_to_the_containers_and_the_fd_is_found_by_name():
@@ -53,6 +63,12 @@ def test_state_pid_falls_back_to_the_containers_and_the_fd_is_found_by_name():
     state_bytes(fds=[]), state_bytes(fds="seccompFd"), state_bytes(fds=None),
     state_bytes(pid=0, state={}), state_bytes(pid=-1), state_bytes(pid=True),
     state_bytes(pid="4242"), state_bytes(pid=1.5),
+    # Nesting json.loads would recurse into (RecursionError, not a refusal) ...
+    b"[" * 100_000, b'{"a": ' + b"[" * 100_000, b'{"a": ' + b"{\"b\": " * 100_000,
+    # ... and the deepest a state may not be, beside one level more than runc's.
+    state_bytes(metadata=json.loads("[" * MAX_DEPTH + "]" * MAX_DEPTH)),
+    # Unfinished, or followed by more.
+    state_bytes()[:-1], state_bytes() + b"{}", state_bytes() + b"x",
 ])
 def test_bad_states_are_refused(data):
     with pytest.raises(StateError):
@@ -68,7 +84,8 @@ def test_a_split_state_is_read_whole_and_ends_at_its_json_object():
         socket.send_fds(a, [data[:10]], [r])
         t = threading.Timer(0.1, a.sendall, [data[10:]])
         t.start()
-        got, fds = receive_handoff(b)
+        fds: list[int] = []
+        got = receive_handoff(b, fds)
         t.join()
         assert got == data and len(fds) == 1
         assert os.fstat(fds[0]).st_ino == os.fstat(r).st_ino
@@ -167,3 +184,65 @@ def test_a_listener_with_a_bad_state_is_kept_and_its_calls_go_to_the_kernel():
     kept = agent._incoming.get_nowait()
     assert kept.handlers == {} and "unknown" in kept.name
     os.close(kept.listener)
+
+
+def sysinfo_child(payload: bytes) -> tuple[int, socket.socket, int]:
+    """A forked child that installs a notifying filter, hands its listener over the
+    returned socket with ``payload`` (sent in full by a thread of the child while its main
+    thread goes on), then calls sysinfo(2) and writes its result (0, or -errno) to the
+    returned pipe. Returns (pid, our end of the socket, the pipe's read end)."""
+    ours, theirs = socket.socketpair()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            import ctypes
+
+            ours.close()
+            listener = install_listener(Interception(sysinfo=True))
+            socket.send_fds(theirs, [payload[:1]], [listener])
+            os.close(listener)
+            threading.Thread(target=lambda: _send_rest(theirs, payload[1:]),
+                             daemon=True).start()
+            libc = ctypes.CDLL(None, use_errno=True)
+            rc = libc.sysinfo(ctypes.create_string_buffer(112))
+            os.write(w, str(rc if rc == 0 else -ctypes.get_errno()).encode())
+        finally:
+            os._exit(0)
+    theirs.close()
+    os.close(w)
+    return pid, ours, r
+
+
+def _send_rest(sock: socket.socket, rest: bytes) -> None:  # pragma: no cover - child
+    # OSError: the agent stopped reading (MAX_STATE) and closed its end.
+    with contextlib.suppress(OSError):
+        sock.sendall(rest)
+
+
+@pytest.mark.parametrize("payload", [
+    b"[" * 100_000,                                   # what made json recurse
+    b'{"fds": ["seccompFd"], "pid": 1, "x": ' + b"[" * 100_000,
+    b'{"fds": ["seccompFd"], "x": "' + b"x" * (MAX_STATE + (1 << 16)) + b'"}',  # oversized
+    b"\x00garbage",
+], ids=["deep", "deep-in-object", "oversized", "garbage"])
+def test_a_listener_with_a_bad_state_keeps_its_calls_answered_and_no_fd_leaks(payload):
+    """The container's sysinfo(2) still returns (passed to the kernel, 0), and once its
+    process is gone the agent holds no descriptor more than before the hand-off."""
+    if os.geteuid() != 0 or this_arch() is None:
+        pytest.skip("installing a filter without NoNewPrivs needs CAP_SYS_ADMIN")
+    agent = Agent(this_arch(), "/nonexistent", True, "view", guard=None).start()
+    before = open_fds()
+    pid, conn, result = sysinfo_child(payload)
+    try:
+        agent.handle_connection(conn)         # never raises; closes conn
+        # A generous bound that only a blocked call reaches (no claim on speed).
+        assert select.select([result], [], [], 60)[0], "the container's sysinfo blocked"
+        assert os.read(result, 16) == b"0"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(result)
+    # The child is gone: its listener polls POLLHUP and the serving thread closes it.
+    assert wait_for(lambda: open_fds() == before, 10), (before, open_fds())

@@ -18,24 +18,17 @@ def sent(monkeypatch):
     return answers
 
 
-class _Mem:
-    def __init__(self, listener, note):
-        self.closed = False
-
-    def close(self):
-        self.closed = True
-
-
-def test_unreachable_caller_memory_is_continued(monkeypatch, sent):
-    def refuse(listener, note):
-        raise sn.Gone("/proc/4242/mem: Permission denied")
-    monkeypatch.setattr(sn, "CallerMemory", refuse)
-    sn.serve_one(-1, NOTE, {99: lambda note, mem: sn.Answer(0)})
-    assert sent == [(7, 0, 0, True)]
+def test_a_withdrawn_call_is_never_written_and_is_continued(monkeypatch, sent):
+    """ID_VALID fails (the caller was killed or took a signal): no copy, and CONTINUE,
+    which the kernel refuses for a caller really gone."""
+    copies = []
+    monkeypatch.setattr(sn, "still_valid", lambda listener, nid: False)
+    monkeypatch.setattr(sn._libc, "process_vm_writev", lambda *a: copies.append(a) or 1)
+    sn.serve_one(-1, NOTE, {99: lambda note, mem: sn.Answer(int(mem.write(0x1000, b"x")))})
+    assert sent == [(7, 0, 0, True)] and copies == []
 
 
 def test_a_failing_handler_is_continued(monkeypatch, sent):
-    monkeypatch.setattr(sn, "CallerMemory", _Mem)
 
     def broken(note, mem):
         raise ValueError("bug")
@@ -49,6 +42,5 @@ def test_an_unknown_syscall_is_continued(sent):
 
 
 def test_an_answer_is_sent_as_given(monkeypatch, sent):
-    monkeypatch.setattr(sn, "CallerMemory", _Mem)
     sn.serve_one(-1, NOTE, {99: lambda note, mem: sn.Answer(val=8)})
     assert sent == [(7, 8, 0, False)]

@@ -23,7 +23,6 @@ from guestfs.system.seccomp_filter import (
     Interception,
     build_program,
 )
-from guestfs.system.seccomp_notify import _range_writable_maps
 
 MEMINFO = """MemTotal:         524288 kB
 MemFree:          400000 kB
@@ -138,56 +137,41 @@ def test_filter_without_affinity_lets_affinity_through():
     assert _run_bpf(prog, a.sysinfo, a.audit_arch) == SECCOMP_RET_USER_NOTIF
 
 
-MAPS = """00400000-00401000 r-xp 00000000 08:01 1 /bin/x
-00600000-00602000 rw-p 00000000 08:01 1 /bin/x
-00602000-00603000 rw-p 00000000 00:00 0 [heap]
-00700000-00701000 r--p 00000000 00:00 0
-"""
-
-
-@pytest.mark.parametrize("addr,size,ok", [
-    (0x600000, 112, True),
-    (0x601FC0, 112, True),        # spans two adjacent writable mappings
-    (0x602FC0, 112, False),       # runs past the heap into unmapped memory
-    (0x400000, 8, False),         # text
-    (0x700000, 8, False),         # read-only data
-    (0x500000, 8, False),         # unmapped
-])
-def test_writability_from_maps(addr, size, ok):
-    assert _range_writable_maps(MAPS, addr, addr + size) is ok
-
-
-def test_procmap_query_agrees_with_maps_on_this_process():
-    """PROCMAP_QUERY (Linux 6.11) and the /proc/<pid>/maps fallback give the same verdicts
-    on this very process: writable heap, read-only text, unmapped, spanning ranges."""
+@pytest.fixture
+def two_pages():
+    """Two adjacent pages of this process: the first writable, the second read-only."""
     import ctypes
-    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    addr = libc.mmap(None, 8192, 3, 0x22, -1, 0)      # RW, MAP_PRIVATE|MAP_ANONYMOUS
+    assert libc.mprotect(addr + 4096, 4096, 1) == 0   # the second: PROT_READ
+    yield addr
+    libc.munmap(addr, 8192)
+
+
+@pytest.mark.parametrize("offset,size,ok,landed", [
+    (0, 112, True, 112),           # inside the writable page
+    (4096 - 56, 112, False, 56),   # into the read-only page: the part before it, EFAULT
+    (4096, 112, False, 0),         # the read-only page
+])
+def test_caller_memory_writes_only_where_the_caller_may(monkeypatch, two_pages, offset,
+                                                        size, ok, landed):
+    """process_vm_writev on this very process: what copy_to_user would do, no maps read."""
+    import ctypes
     import os
 
-    from guestfs.system.seccomp_notify import _range_writable_procmap
+    from guestfs.system import seccomp_notify as sn
 
-    with open("/proc/self/maps") as f:
-        maps = f.read()
-    rows = [line.split() for line in maps.splitlines()]
-    spans = [tuple(int(x, 16) for x in r[0].split("-")) + (r[1],) for r in rows]
-    buf = ctypes.create_string_buffer(4096)
-    probes = [(ctypes.addressof(buf), 112)]
-    probes += [(lo, 8) for lo, _hi, _p in spans[:12]]
-    probes += [(hi - 8, 64) for _lo, hi, _p in spans[:12]]      # across the next boundary
-    probes += [(8, 8)]                                           # never mapped
-    fd = os.open("/proc/self/maps", os.O_RDONLY)
-    try:
-        verdicts = []
-        for addr, size in probes:
-            try:
-                got = _range_writable_procmap(fd, addr, addr + size)
-            except OSError as e:
-                major, minor = (int(x) for x in os.uname().release.split(".")[:2])
-                if e.errno in (errno.ENOTTY, errno.EINVAL) and (major, minor) < (6, 11):
-                    pytest.skip("no PROCMAP_QUERY on this kernel (before 6.11)")
-                raise
-            assert got is _range_writable_maps(maps, addr, addr + size), hex(addr)
-            verdicts.append(got)
-    finally:
-        os.close(fd)
-    assert verdicts[0] is True and True in verdicts[1:] and False in verdicts
+    monkeypatch.setattr(sn, "still_valid", lambda listener, nid: True)
+    note = sn.Notification(1, os.getpid(), 99, 0, (0,) * 6)
+    assert sn.CallerMemory(-1, note).write(two_pages + offset, b"\xab" * size) is ok
+    seen = ctypes.string_at(two_pages + offset, size)
+    assert seen == b"\xab" * landed + bytes(size - landed)
+    assert sn.CallerMemory(-1, note).write(8, b"x") is False        # never mapped
+    if ok:
+        assert sn.CallerMemory(-1, note).read(two_pages + offset, 4) == b"\xab" * 4

@@ -293,11 +293,50 @@ def bind_sources(sources: dict[str, SourceFile], trees: dict[str, int] | None,
     return {"bound": bound, "healthy": healthy, "refused": refused}
 
 
+def open_root(root: str, refuse_ns_root: bool = False) -> int | None:
+    """An O_PATH fd on the container's root as its runtime named it (a trusted path:
+    symlinks there are the operator's; below it every component is walked with O_NOFOLLOW),
+    or None for "/" (attach: the target's own /proc). With ``refuse_ns_root``, a root that
+    resolves to the current mount namespace's own "/" (``/``, a climb out of the bundle
+    with "..", a symlink to "/") is refused: binding below it would cover the /proc and /sys
+    files of every process of that namespace. Compared by device and inode, not by name."""
+    if not refuse_ns_root and not root.rstrip("/"):
+        return None
+    try:
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise AttachError(f"root {root}: {e.strerror or e}") from e
+    if refuse_ns_root and _ident(fd) == _ident_path("/"):
+        os.close(fd)
+        raise AttachError(f"root {root} is its mount namespace's own /: refusing to bind "
+                          "over the /proc and /sys of every process there")
+    return fd
+
+
+def _ident_path(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _enter(pid: int | None, ns_fd: int | None) -> None:
+    try:
+        if ns_fd is not None:
+            sysmount.enter_mount_namespace_fd(ns_fd)
+        elif pid is not None:
+            sysmount.enter_mount_namespace(pid)
+    except OSError as e:
+        raise AttachError(f"cannot enter its mount namespace: {os.strerror(e.errno)} "
+                          "(setns needs CAP_SYS_ADMIN over it and CAP_SYS_CHROOT)") from e
+
+
 def attach_in_child(pid: int | None, source_root: str, key: str | None = None,
-                    per_container: bool | None = None, root: str = "/") -> dict[str, object]:
+                    per_container: bool | None = None, root: str = "/",
+                    ns_fd: int | None = None,
+                    refuse_ns_root: bool = False) -> dict[str, object]:
     """The body of attach(), in a single-threaded forked child: find the sources (our own
-    namespace first), enter ``pid``'s mount namespace (``pid`` None: stay in ours), bind
-    below ``root`` there. Returns what happened."""
+    namespace first), enter ``pid``'s mount namespace (through ``ns_fd`` when given, an fd
+    on it the caller already checked; ``pid`` None: stay in ours), bind below ``root``
+    there (open_root, which ``refuse_ns_root`` passes on). Returns what happened."""
     procfd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     sources: dict[str, SourceFile] | None
     src_dir = source_root
@@ -310,12 +349,7 @@ def attach_in_child(pid: int | None, source_root: str, key: str | None = None,
             raise
         log.debug("not live in our namespace (%s): using pid %d's", e, pid)
         sources, trees = None, None
-    if pid is not None:
-        try:
-            sysmount.enter_mount_namespace(pid)
-        except OSError as e:
-            raise AttachError(f"cannot enter its mount namespace: {os.strerror(e.errno)} "
-                              "(setns needs CAP_SYS_ADMIN over it and CAP_SYS_CHROOT)") from e
+    _enter(pid, ns_fd)
     os.fchdir(procfd)  # sysmount's fd helpers name fds through our own /proc
     if trees is None:
         if sources is not None:
@@ -326,14 +360,7 @@ def attach_in_child(pid: int | None, source_root: str, key: str | None = None,
         except AttachError as e:
             raise AttachError(f"{e}, neither in attach's mount namespace nor in pid {pid}'s "
                               "(is the daemon running?)") from e
-    root_fd = None
-    if root.rstrip("/"):
-        # The container's root as its runtime named it (a trusted path: symlinks there
-        # are the operator's); below it every component is walked with O_NOFOLLOW.
-        try:
-            root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as e:
-            raise AttachError(f"root {root}: {e.strerror or e}") from e
+    root_fd = open_root(root, refuse_ns_root)
     res: dict[str, object] = dict(bind_sources(sources, trees, root_fd))
     res.update(method="bind" if trees is None else "move_mount", source=src_dir)
     return res

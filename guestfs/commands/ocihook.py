@@ -10,7 +10,10 @@ namespace the targets are ``<rootfs>/proc/meminfo``, ... where ``<rootfs>`` is t
 bundle's ``root.path``. The OCI spec runs the hook inside that namespace (runc does: the
 hook is a child of the container's init, in its cgroup, its working directory the root);
 a runtime that runs it from its own namespace instead gets the same binds made through
-setns() into the ``pid`` of the state. Either way the files are bound with attach's
+setns() into the namespace of the state's ``pid``. Which of the two is told by the
+namespace itself (that of the state's pid against ours), never by what the root holds,
+and a root that resolves to that namespace's own "/" is refused: binding there would
+cover the files of every process of the namespace. The files are bound with attach's
 machinery: every target walked with O_PATH|O_NOFOLLOW below the root, checked to be a
 regular file of procfs or sysfs, mounted over through its fd (open_tree/move_mount, else
 bind), in a forked child that a stopped daemon cannot hang for longer than --timeout.
@@ -23,18 +26,19 @@ would without guestfs. ``--strict`` makes those failures fail the container's st
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import signal
 import sys
 from typing import Any, TextIO
 
 from guestfs import DEFAULT_HOOK_SOURCE
-from guestfs.commands.attach import attach_in_child, check_target
+from guestfs.commands.attach import attach_in_child
 from guestfs.commands.inchild import run_in_child
 from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
-from guestfs.system import sysmount
 from guestfs.system.oneline import one_line
 
 DEFAULT_SOURCE = DEFAULT_HOOK_SOURCE
@@ -64,6 +68,8 @@ def read_state(stream: TextIO) -> dict[str, Any]:
 def bundle_config(bundle: str) -> tuple[str, str | None]:
     """The container's root (``root.path``, relative to the bundle unless absolute) and
     its ``linux.cgroupsPath`` from ``bundle/config.json``."""
+    if not os.path.isabs(bundle):
+        raise HookError(f"bundle {bundle!r} is not an absolute path")
     path = os.path.join(bundle, "config.json")
     try:
         with open(path) as f:
@@ -125,48 +131,101 @@ def container_key(pid: int | str, cgroups_path: str | None) -> str:
         raise HookError(str(e)) from e
 
 
-def inside_container_namespace(rootfs: str) -> bool:
-    """Whether we run in the container's mount namespace (the OCI spec's createContainer):
-    there the runtime has already mounted procfs at ``<rootfs>/proc``; in the runtime's own
-    namespace that is the image's empty directory."""
+def _pid_in_proc(pidfd: int) -> int | None:
+    """The pid /proc knows the process of ``pidfd`` by: its fdinfo's "Pid:", which the
+    kernel gives in the pid namespace of the procfs it is read through (0: not visible
+    there, -1: exited); None where fdinfo has no such line (before Linux 5.5)."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:
+        for line in f:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    return None
+
+
+def _pid_without_pidfd(pid: int) -> int:
+    """Kernels without pidfds (or their fdinfo): the state's pid naming our parent (runc)
+    is our parent as /proc/self/status's PPid names it, in /proc's pid namespace; any
+    other is taken as the node's."""
+    if os.getppid() != pid:
+        return pid
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    raise HookError("no PPid in /proc/self/status")
+
+
+def _open_ns(pid: int) -> int:
     try:
-        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
-        raise HookError(f"root {rootfs}: {e.strerror or e}") from e
+        raise HookError(f"pid {pid}: its mount namespace: {e.strerror or e}") from e
+
+
+def container_namespace(pid: int) -> tuple[int, int]:
+    """(pid as /proc names it, an fd on its mount namespace) of the container process the
+    state's ``pid`` names. That pid is read in the hook's own pid namespace: runc runs the
+    hook as a child of the container's init, inside its pid namespace, and gives the
+    init's pid there (1); a runtime that runs the hook from its own namespaces gives the
+    node's. pidfd_open(pid) means the right process in both. /proc may be another pid
+    namespace's (under runc, the node's procfs: the container's own is not over it yet),
+    so the pid to look up there comes from the pidfd, and the pidfd still naming a live
+    process once the namespace is open proves that pid was not reused meanwhile."""
     try:
-        fd = sysmount.open_nofollow("/proc", root_fd)
-    except OSError:
-        return False
-    finally:
-        os.close(root_fd)
+        pidfd = os.pidfd_open(pid)
+    except OSError as e:
+        if e.errno != errno.ENOSYS:
+            raise HookError(f"state pid {pid}: {e.strerror or e}") from e
+        proc_pid = _pid_without_pidfd(pid)
+        return proc_pid, _open_ns(proc_pid)
     try:
-        return sysmount.fs_type(fd) == sysmount.PROC_SUPER_MAGIC
+        proc_pid = _pid_in_proc(pidfd)
+        if proc_pid is None:
+            proc_pid = _pid_without_pidfd(pid)
+        elif proc_pid <= 0:
+            raise HookError(f"state pid {pid}: not visible in /proc (Pid {proc_pid})")
+        ns_fd = _open_ns(proc_pid)
+        try:
+            signal.pidfd_send_signal(pidfd, 0)
+        except OSError as e:
+            os.close(ns_fd)
+            raise HookError(f"state pid {pid}: {e.strerror or e}") from e
+        return proc_pid, ns_fd
     finally:
-        os.close(fd)
+        os.close(pidfd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    a, b = os.fstat(fd), os.stat(path)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def hook(state: dict[str, Any], source: str, per_container: bool | None = None,
          timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
-    """Bind the container's files; returns attach's result (bound, healthy, refused,
-    method, source). Raises HookError or AttachError, one line."""
+    """Bind the container's files inside the container's own mount namespace: ours when
+    the runtime runs us there (runc), else entered through the namespace of the state's
+    pid; a root that is that namespace's own "/" is refused (attach.open_root). Returns
+    attach's result (bound, healthy, refused, method, source). Raises HookError or
+    AttachError, one line."""
     rootfs, cgroups_path = bundle_config(state["bundle"])
-    if inside_container_namespace(rootfs):
-        # We are a child of the container's init, in its cgroup: /proc/self tells ours.
-        pid, key_pid = None, "self"
-    else:
-        pid = key_pid = state["pid"]
-        check_target(pid)
-    key = None
-    if per_container is not False:
-        try:
-            key = container_key(key_pid, cgroups_path)
-        except HookError:
-            if per_container:
-                raise
-            # Unknown is fine for a shared (per-caller) source, which needs no key; for a
-            # per-container one attach then says the container's directory is missing.
-    return run_in_child(lambda: attach_in_child(pid, source, key, per_container, rootfs),
-                        timeout)
+    pid, ns_fd = container_namespace(state["pid"])
+    try:
+        ours = _same_file(ns_fd, "/proc/self/ns/mnt")
+        key = None
+        if per_container is not False:
+            try:
+                key = container_key(pid, cgroups_path)
+            except HookError:
+                if per_container:
+                    raise
+                # Unknown is fine for a shared (per-caller) source, which needs no key;
+                # for a per-container one attach then says the directory is missing.
+        return run_in_child(
+            lambda: attach_in_child(None if ours else pid, source, key, per_container,
+                                    rootfs, None if ours else ns_fd, refuse_ns_root=True),
+            timeout)
+    finally:
+        os.close(ns_fd)
 
 
 def main(source: str = DEFAULT_SOURCE, strict: bool = False,

@@ -10,13 +10,15 @@ one sendmsg, the JSON container process state with the seccomp listener as SCM_R
      "state": {"ociVersion": ..., "id": "ctr", "status": "creating", "pid": 4242,
                "bundle": "/path", "annotations": {...}}}
 
-runc keeps its end open afterwards, so the state ends where its JSON object does. The
-agent finds the container's cgroup from /proc/<pid>/cgroup and answers from
+runc keeps its end open afterwards, so the state ends where its JSON object does (found
+by JsonExtent, which also bounds its nesting before json.loads ever sees it). Hand-offs
+are read concurrently, each in a thread of its own with its own deadline and size bound
+(at most MAX_HANDOFFS at once), so a connection that says nothing delays no other
+container's start. The agent finds the container's cgroup from /proc/<pid>/cgroup and answers from
 SOURCE/<dir_key(cgroup)>/proc/meminfo and so on, the same directory the OCI hook binds
 into that container, so its files and its system calls agree. One thread answers every
-container (a node runs hundreds; calls are rare and answered in tens of microseconds); a
-second accepts hand-offs, so a client that connects and says nothing delays no
-container's calls.
+container (a node runs hundreds; calls are rare and answered in tens of microseconds);
+hand-offs never hold it.
 
 Every listener is also given to a guard (guestfs.system.seccomp_guard) with its
 container's name and key; it continues their calls while no agent runs and hands them
@@ -35,6 +37,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from guestfs.commands.syscall_view import (
@@ -57,7 +60,13 @@ from guestfs.system.seccomp_keeper import (
     owned_private_dir,
     remove_stale,
 )
-from guestfs.system.seccomp_notify import Handler, receive, respond, serve_one
+from guestfs.system.seccomp_notify import (
+    Handler,
+    receive,
+    respond,
+    serve_one,
+    sync_wake_up,
+)
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -65,7 +74,11 @@ log = logging.getLogger("guestfs.seccomp")
 # 0700 root, so only root (the runtime) can connect.
 DEFAULT_AGENT_SOCKET = "/run/guestfs-seccomp/agent.sock"
 MAX_STATE = 1 << 20       # bytes; runc's state carries the annotations, a few KiB at most
-HANDOFF_TIMEOUT = 2.0     # seconds a connection may take to send its state
+# Nesting of runc's and crun's state: the message, "state", "annotations" (3); more is
+# not a state, and json.loads would recurse once per level (100k "[": RecursionError).
+MAX_DEPTH = 8
+HANDOFF_TIMEOUT = 2.0     # seconds a connection may take to send its whole state
+MAX_HANDOFFS = 64         # hand-offs read at once; more wait for one of them to end
 AGENT_WAIT = 0.02         # seconds a call waits for a view re-read (one loop serves all)
 FIRST_READ_WAIT = 0.5     # seconds the hand-off waits for a container's first read
 _SECCOMP_FD_LINK = "anon_inode:seccomp notify"
@@ -85,8 +98,53 @@ class ProcessState:
     fd_index: int       # where "seccompFd" is among the fds received
 
 
+class JsonExtent:
+    """Where the JSON object at the start of a stream ends, fed chunk by chunk, without
+    parsing it: brackets are counted outside strings. StateError when the stream does not
+    start with an object or nests deeper than ``max_depth``."""
+
+    def __init__(self, max_depth: int = MAX_DEPTH) -> None:
+        self.max_depth = max_depth
+        self.depth = 0
+        self.seen = 0               # bytes scanned so far
+        self._in_string = False
+        self._escaped = False
+
+    def feed(self, chunk: bytes) -> int | None:
+        """The end (exclusive, counted from the stream's start) once the object closes."""
+        for i, c in enumerate(chunk):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == 0x5C:                     # backslash
+                    self._escaped = True
+                elif c == 0x22:                     # quote
+                    self._in_string = False
+            elif c == 0x22:
+                self._in_string = True
+            elif c in b"{[":
+                if self.depth == 0 and c != 0x7B:
+                    raise StateError("not a JSON object")
+                self.depth += 1
+                if self.depth > self.max_depth:
+                    raise StateError(f"nested deeper than {self.max_depth} levels")
+            elif c in b"}]":
+                self.depth -= 1
+                if self.depth <= 0:
+                    return self.seen + i + 1
+            elif self.depth == 0 and c not in b" \t\r\n":
+                raise StateError("not a JSON object")
+        self.seen += len(chunk)
+        return None
+
+
 def parse_state(data: bytes) -> ProcessState:
     """The fields the agent uses from runc's JSON; StateError for anything else."""
+    end = JsonExtent().feed(data)
+    if end is None:
+        raise StateError("not JSON: an unfinished object")
+    if data[end:].strip():
+        raise StateError("not JSON: data after the object")
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -136,18 +194,24 @@ def listen_at(path: str) -> socket.socket:
     return bind_private(path)
 
 
-def receive_handoff(conn: socket.socket) -> tuple[bytes, list[int]]:
-    """The runtime's state and the fds that came with it. runc does not close its end
+def receive_handoff(conn: socket.socket, fds: list[int]) -> bytes:
+    """The runtime's state; the fds that came with it are appended to ``fds`` as they
+    arrive, so the caller holds them whatever happens here. runc does not close its end
     after sending (it closes a dup), so the state ends where its JSON object does, not at
     end of stream; a stream may split the one sendmsg, whose fds come with its first
-    byte. Garbage is read until end of stream, MAX_STATE or HANDOFF_TIMEOUT; whatever was
-    received is returned, so a listener that came with it is never lost."""
-    conn.settimeout(HANDOFF_TIMEOUT)
+    byte. Reading stops there, at end of stream, at what is plainly not a state
+    (JsonExtent), at MAX_STATE, or HANDOFF_TIMEOUT after the first recv, whichever comes
+    first; never raises."""
+    deadline = time.monotonic() + HANDOFF_TIMEOUT
     data = bytearray()
-    fds: list[int] = []
-    decoder = json.JSONDecoder()
+    extent = JsonExtent()
     while len(data) <= MAX_STATE:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            log.debug("hand-off read: no whole state in %g s", HANDOFF_TIMEOUT)
+            break
         try:
+            conn.settimeout(left)
             msg, got, _flags, _addr = socket.recv_fds(conn, 1 << 16, 8)
         except OSError as e:        # TimeoutError included
             log.debug("hand-off read: %s", e)
@@ -156,10 +220,12 @@ def receive_handoff(conn: socket.socket) -> tuple[bytes, list[int]]:
         if not msg:
             break
         data += msg
-        with contextlib.suppress(ValueError):
-            decoder.raw_decode(data.decode("utf-8"))
-            break                   # one whole JSON value: runc sends nothing more
-    return bytes(data), fds
+        try:
+            if extent.feed(msg) is not None:
+                break               # one whole JSON object: runc sends nothing more
+        except StateError:
+            break                   # parse_state says why
+    return bytes(data)
 
 
 def is_listener(fd: int) -> bool:
@@ -171,6 +237,46 @@ def is_listener(fd: int) -> bool:
 
 def peer_uid(conn: socket.socket) -> int:
     return peer_creds(conn)[1]
+
+
+class Handoffs:
+    """Hand-offs read concurrently, each in a thread of its own (its read bounded by
+    receive_handoff's deadline and size), at most ``limit`` at once: idle or slow
+    connections delay no other container's start while fewer than ``limit`` are open."""
+
+    def __init__(self, handle: Callable[[socket.socket], None],
+                 limit: int = MAX_HANDOFFS) -> None:
+        self._handle = handle
+        self._slots = threading.BoundedSemaphore(limit)
+        self._running: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+
+    def start(self, conn: socket.socket) -> None:
+        self._slots.acquire()
+        t = threading.Thread(target=self._run, args=(conn,), name="guestfs-handoff",
+                             daemon=True)
+        with self._lock:
+            self._running.add(t)
+        t.start()
+
+    def _run(self, conn: socket.socket) -> None:
+        # The stop signals are the main thread's; a hand-off is never cut short by them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            self._handle(conn)
+        finally:
+            with self._lock:
+                self._running.discard(threading.current_thread())
+            self._slots.release()
+
+    def wait(self, timeout: float) -> None:
+        """Let the hand-offs under way finish (a listener not yet with the guard would be
+        closed by our exit), for at most ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            running = list(self._running)
+        for t in running:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 # ------------------------------------------------------------------------ serving
@@ -207,21 +313,17 @@ class Agent:
     def handle_connection(self, conn: socket.socket) -> None:
         """One runtime hand-off; never raises. A seccomp listener received is kept and
         served whatever else is wrong: closing it would fail its processes' calls with
-        ENOSYS. The connection and anything else received are closed."""
+        ENOSYS, and leaving it unserved would block them. The connection and anything
+        else received are closed."""
         fds: list[int] = []
         try:
             uid = peer_uid(conn)
             if uid not in (0, os.geteuid()):
                 log.warning("hand-off from uid %d refused", uid)
                 return
-            data, fds = receive_handoff(conn)
+            data = receive_handoff(conn, fds)
             listeners = [fd for fd in fds if is_listener(fd)]
-            try:
-                state = parse_state(data)
-            except StateError as e:
-                log.warning("hand-off with a bad state (%s)%s", e,
-                            "; its listener's calls go to the kernel" if listeners else "")
-                state = None
+            state = self._state_of(data, bool(listeners))
             if state is not None and state.fd_index < len(fds) \
                     and fds[state.fd_index] in listeners:
                 listener = fds[state.fd_index]
@@ -232,8 +334,6 @@ class Agent:
                 return
             fds.remove(listener)
             self.add(listener, state)
-        except (OSError, StateError) as e:
-            log.warning("hand-off: %s", e)
         except Exception:  # noqa: BLE001 - one bad hand-off never stops the agent
             log.exception("hand-off")
         finally:
@@ -242,17 +342,32 @@ class Agent:
                     os.close(fd)
             conn.close()
 
+    @staticmethod
+    def _state_of(data: bytes, with_listener: bool) -> ProcessState | None:
+        try:
+            return parse_state(data)
+        except StateError as e:
+            log.warning("hand-off with a bad state (%s)%s", e,
+                        "; its listener's calls go to the kernel" if with_listener else "")
+            return None
+
     def add(self, listener: int, state: ProcessState | None) -> None:
-        os.set_inheritable(listener, False)
+        """Give the guard its copy and serve ``listener``; on any failure of ours it is
+        still served, every call passed to the kernel."""
         name, key = "a container of unknown state", None
-        if state is not None:
-            name = f"container {state.container_id} (pid {state.pid})"
-            key = container_key(state.pid)
-        if self.guard is not None:
-            # Before the view is read: the agent may die any moment from now. The guard
-            # keeps what a later agent needs to serve this listener again.
-            self.guard.add(listener, describe(name, key))
-        self._serve_listener(listener, name, key)
+        try:
+            os.set_inheritable(listener, False)
+            if state is not None:
+                name = f"container {state.container_id} (pid {state.pid})"
+                key = container_key(state.pid)
+            if self.guard is not None:
+                # Before the view is read: the agent may die any moment from now. The
+                # guard keeps what a later agent needs to serve this listener again.
+                self.guard.add(listener, describe(name, key))
+            self._serve_listener(listener, name, key)
+        except Exception:  # noqa: BLE001 - never an unserved listener (its calls block)
+            log.exception("%s: serving it", name)
+            self._serve_listener(listener, name, None)
 
     def restore(self, listener: int, meta: bytes) -> None:
         """A listener the guard kept from an earlier agent (it holds its copy already),
@@ -303,6 +418,7 @@ class Agent:
                     while not self._incoming.empty():
                         c = self._incoming.get()
                         self.containers[c.listener] = c
+                        sync_wake_up(c.listener)
                         poller.register(c.listener, select.POLLIN)
                     continue
                 c = self.containers[fd]
@@ -361,7 +477,7 @@ def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
     signal.signal(signal.SIGTERM, stop)
     log.info("seccomp agent on %s, views from %s (guard pid %d)", socket_path, source,
              guard.pid)
-    stops = {signal.SIGTERM, signal.SIGINT}
+    handoffs = Handoffs(agent.handle_connection)
     try:
         while True:
             try:
@@ -370,15 +486,11 @@ def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
                 log.warning("accept: %s", e)
                 time.sleep(0.1)
                 continue
-            # A stop mid hand-off would close a listener the guard does not hold yet.
-            signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-            try:
-                agent.handle_connection(conn)
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+            handoffs.start(conn)
     except (SystemExit, KeyboardInterrupt):
         return 0
     finally:
+        handoffs.wait(HANDOFF_TIMEOUT + FIRST_READ_WAIT + 1.0)
         with contextlib.suppress(OSError):
             if os.lstat(socket_path).st_ino == ident:
                 os.unlink(socket_path)

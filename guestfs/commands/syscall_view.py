@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import select
 import socket
@@ -50,6 +51,7 @@ from guestfs.system.seccomp_filter import (
 from guestfs.system.seccomp_guard import ListenerGuard
 from guestfs.system.seccomp_notify import (
     CONTINUE,
+    EFAULT,
     Answer,
     CallerMemory,
     Handler,
@@ -148,13 +150,20 @@ def _mask_args(note: Notification) -> tuple[int, int]:
 
 
 def make_handlers(arch: Arch, view: ServedView, what: Interception) -> dict[int, Handler]:
+    packed: list = [None, -1, b""]       # the read, its uptime second, the struct
+
     def sysinfo(note: Notification, mem: CallerMemory) -> Answer:
         read = view.current()
         if read is None:
             return CONTINUE
-        data = pack_sysinfo(read.sysinfo, time.monotonic() - read.at)
-        # Not writable: the kernel's copy_to_user gives the EFAULT it would have.
-        return Answer(0) if mem.write(note.args[0], data) else CONTINUE
+        # Packed once per read and uptime second (the kernel's uptime has whole seconds).
+        elapsed = time.monotonic() - read.at
+        second = math.ceil(read.sysinfo.uptime + elapsed)
+        if packed[0] is not read or packed[1] != second:
+            packed[:] = read, second, pack_sysinfo(read.sysinfo, elapsed)
+        data = packed[2]
+        # Not writable at the copy: EFAULT, what the kernel's copy_to_user gives.
+        return Answer(0) if mem.write(note.args[0], data) else EFAULT
 
     def told_mask(note: Notification, length: int) -> tuple[bytes, bytes] | None:
         read = view.current()
@@ -169,7 +178,7 @@ def make_handlers(arch: Arch, view: ServedView, what: Interception) -> dict[int,
         if masks is None or masks[0] == masks[1]:
             return CONTINUE                # an error to give, or nothing to hide
         told = masks[1]
-        return Answer(len(told)) if mem.write(addr, told) else CONTINUE
+        return Answer(len(told)) if mem.write(addr, told) else EFAULT
 
     def setaffinity(note: Notification, mem: CallerMemory) -> Answer:
         length, addr = _mask_args(note)

@@ -2,12 +2,16 @@
 write the caller's memory safely, answer it.
 
 Answering rules, all from seccomp_unotify(2):
-- the caller's memory is reached through /proc/<tid>/mem opened *before* the notification
-  is checked again with SECCOMP_IOCTL_NOTIF_ID_VALID, so a caller killed meanwhile (and
-  its pid reused) is never written to;
-- /proc/<tid>/mem writes ignore page protections, so the target range is checked writable
-  first (PROCMAP_QUERY, or /proc/<tid>/maps on kernels before 6.11) and never more than
-  the kernel itself would write is written;
+- the caller's memory is copied with process_vm_readv(2)/process_vm_writev(2), which
+  never force: a write fails with EFAULT where the caller's page is not writable when
+  the kernel takes it for the copy, as the kernel's own copy_to_user would, and the
+  caller gets EFAULT as from the kernel. No map is read first, so there is no
+  check-then-write window of ours (a /proc/PID/mem write may go through read-only pages:
+  FOLL_FORCE). The kernel's own is narrow: mm/process_vm_access.c pins the pages under
+  the mmap lock and copies right after dropping it, so an mprotect() completing in
+  between lets the copy for a call already under way land just after the page turned
+  read-only; a call begun after that never writes it (tests/test_real_seccomp_mprotect);
+- every copy is preceded by SECCOMP_IOCTL_NOTIF_ID_VALID (CallerMemory);
 - whatever cannot be answered is passed back to the kernel with
   SECCOMP_USER_NOTIF_FLAG_CONTINUE, which runs the real call: the app gets the host's
   answer, never a failure the kernel would not have given.
@@ -16,6 +20,7 @@ Answering rules, all from seccomp_unotify(2):
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
@@ -35,14 +40,26 @@ _RESP = struct.Struct("=QqiI")             # id, val, error, flags
 IOCTL_NOTIF_RECV = 0xC0000000 | (_NOTIF.size << 16) | (0x21 << 8) | 0
 IOCTL_NOTIF_SEND = 0xC0000000 | (_RESP.size << 16) | (0x21 << 8) | 1
 IOCTL_NOTIF_ID_VALID = 0x40000000 | (8 << 16) | (0x21 << 8) | 2
+IOCTL_NOTIF_SET_FLAGS = 0x40000000 | (8 << 16) | (0x21 << 8) | 4
 FLAG_CONTINUE = 1
+FD_SYNC_WAKE_UP = 1        # SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP, Linux 6.6
 
-# PROCMAP_QUERY: _IOWR('f', 17, struct procmap_query), Linux 6.11: size, query_flags,
-# query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode, dev_major,
-# dev_minor, vma_name_size, build_id_size, vma_name_addr, build_id_addr.
-_PROCMAP = struct.Struct("=9Q4I2Q")
-_IOCTL_PROCMAP_QUERY = 0xC0000000 | (_PROCMAP.size << 16) | (0x66 << 8) | 17
-_VMA_WRITABLE = 0x02
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _BytesIOVec(ctypes.Structure):
+    # The local side of a write: a bytes object's own buffer, no copy, no cast.
+    _fields_ = [("base", ctypes.c_char_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+for _copy in (_libc.process_vm_readv, _libc.process_vm_writev):
+    # pid, local iov, count, remote iov, count, flags (0)
+    _copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
+                      ctypes.c_ulong, ctypes.c_ulong]
+    _copy.restype = ctypes.c_ssize_t
 
 
 @dataclass(frozen=True)
@@ -55,8 +72,8 @@ class Notification:
 
 
 class Gone(Exception):
-    """The caller's memory cannot be reached (it died, or /proc/<tid>/mem is refused):
-    the kernel answers its call."""
+    """The caller's memory cannot be reached (its call withdrawn: it was killed or took a
+    signal; or the copy is refused, EPERM): the kernel answers its call."""
 
 
 def receive(listener: int) -> Notification:
@@ -83,80 +100,55 @@ def still_valid(listener: int, nid: int) -> bool:
     return True
 
 
-def _range_writable_procmap(maps_fd: int, addr: int, end: int) -> bool:
-    while addr < end:
-        q = bytearray(_PROCMAP.pack(_PROCMAP.size, 0, addr, *[0] * 12))
-        try:
-            fcntl.ioctl(maps_fd, _IOCTL_PROCMAP_QUERY, q, True)
-        except FileNotFoundError:       # no mapping covers addr
-            return False
-        fields = _PROCMAP.unpack(q)
-        vma_end, vma_flags = fields[4], fields[5]
-        if not vma_flags & _VMA_WRITABLE:
-            return False
-        addr = vma_end
-    return True
-
-
-def _range_writable_maps(text: str, addr: int, end: int) -> bool:
-    for line in text.splitlines():
-        span, perms = line.split()[:2]
-        lo, hi = (int(x, 16) for x in span.split("-"))
-        if hi <= addr:
-            continue
-        if lo > addr or perms[1] != "w":
-            return False
-        addr = hi
-        if addr >= end:
-            return True
-    return False
-
-
-def range_writable(pid: int, addr: int, size: int) -> bool:
-    """Whether the caller could write [addr, addr+size) itself, as copy_to_user needs."""
-    if addr <= 0 or size <= 0 or addr + size > 1 << 64:
-        return False
-    fd = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        try:
-            return _range_writable_procmap(fd, addr, addr + size)
-        except OSError as e:
-            if e.errno not in (errno.ENOTTY, errno.EINVAL):
-                raise
-        chunks = []
-        while data := os.read(fd, 1 << 16):
-            chunks.append(data)
-        return _range_writable_maps(b"".join(chunks).decode("ascii", "replace"),
-                                    addr, addr + size)
-    finally:
-        os.close(fd)
-
-
 class CallerMemory:
-    """The calling thread's memory, opened before the notification is re-validated."""
+    """The calling thread's memory, reached by its tid with process_vm_readv/writev.
+
+    Those address a pid, not an fd opened earlier, so the question is when the pid still
+    names the caller. SECCOMP_IOCTL_NOTIF_ID_VALID succeeds only while the caller's thread
+    is still blocked in this very call (not killed, not interrupted by a signal), and a
+    blocked thread holds its tid. So it is checked immediately before each copy, once the
+    answer is built: a call withdrawn before then is never written. Not after the copy:
+    that could not undo a write, and the answer's SEND already fails (ENOENT) for a
+    withdrawn call. Not a pidfd either: it pins the struct pid, not the number, which
+    free_pid() releases when the task is reaped, so it cannot stop a reuse. What is left is
+    the caller being killed, reaped and its tid handed to another process between the
+    check and the copy, a few microseconds; the kernel allocates pids cyclically
+    (idr_alloc_cyclic up to pid_max), so the same number comes back only after every other
+    free pid has been handed out in between. The /proc/PID/mem scheme of the man page
+    closes that window by pinning the mm at open(), at the price of writing through
+    read-only pages (FOLL_FORCE) and of a maps check that races with the app's mprotect.
+    """
 
     def __init__(self, listener: int, note: Notification) -> None:
-        try:
-            self.fd = os.open(f"/proc/{note.pid}/mem", os.O_RDWR | os.O_CLOEXEC)
-        except OSError as e:
-            raise Gone(f"/proc/{note.pid}/mem: {e.strerror}") from e
-        self.pid = note.pid
-        if not still_valid(listener, note.id):
-            os.close(self.fd)
+        self.listener = listener
+        self.note = note
+
+    def _copy(self, fn: Callable[..., int], local: ctypes.Structure, addr: int,
+              size: int) -> int:
+        if not still_valid(self.listener, self.note.id):
             raise Gone("notification no longer valid")
+        n = fn(self.note.pid, ctypes.byref(local), 1, ctypes.byref(_IOVec(addr, size)), 1, 0)
+        if n >= 0:
+            return n
+        e = ctypes.get_errno()
+        if e == errno.EFAULT:
+            return 0
+        raise Gone(f"process_vm copy for {self.note.pid}: {os.strerror(e)}")
 
     def read(self, addr: int, size: int) -> bytes:
-        return os.pread(self.fd, size, addr)
+        """``size`` bytes at ``addr``; OSError(EFAULT) where the caller could not read them."""
+        buf = ctypes.create_string_buffer(size)
+        local = _IOVec(ctypes.addressof(buf), size)
+        if self._copy(_libc.process_vm_readv, local, addr, size) != size:
+            raise OSError(errno.EFAULT, f"reading {size} bytes at {addr:#x}")
+        return buf.raw
 
     def write(self, addr: int, data: bytes) -> bool:
-        """Write all of ``data`` where the caller may write; False (nothing written) where
-        it may not, so the kernel's own EFAULT can answer."""
-        if not range_writable(self.pid, addr, len(data)):
-            return False
-        return os.pwrite(self.fd, data, addr) == len(data)
-
-    def close(self) -> None:
-        os.close(self.fd)
+        """Write ``data`` where the caller may write it now; False (EFAULT: nothing, or the
+        part before the first unwritable page, written) where it may not, as the kernel's
+        copy_to_user."""
+        n = len(data)
+        return self._copy(_libc.process_vm_writev, _BytesIOVec(data, n), addr, n) == n
 
 
 @dataclass(frozen=True)
@@ -167,6 +159,7 @@ class Answer:
 
 
 CONTINUE = Answer(cont=True)
+EFAULT = Answer(error=errno.EFAULT)     # a pointer the caller may not write, as the kernel
 # A handler gets the notification and the caller's memory and returns the answer.
 Handler = Callable[[Notification, CallerMemory], Answer]
 
@@ -177,21 +170,24 @@ def serve_one(listener: int, note: Notification, handlers: Mapping[int, Handler]
         respond(listener, note.id, cont=True)
         return
     try:
-        mem = CallerMemory(listener, note)
+        answer = handler(note, CallerMemory(listener, note))
     except Gone as e:
-        # Never left unanswered: a caller we may not open (EACCES, a sandboxed /proc) would
-        # block for good. For one that is really gone the kernel refuses this (ENOENT).
+        # Never left unanswered: a caller we may not reach (EPERM) would block for good.
+        # For one that is really gone the kernel refuses this (ENOENT).
         log.debug("syscall %d of %d: %s; the kernel answers it", note.nr, note.pid, e)
-        respond(listener, note.id, cont=True)
-        return
-    try:
-        answer = handler(note, mem)
+        answer = CONTINUE
     except Exception:   # noqa: BLE001 - any failure of ours: the kernel answers instead
         log.exception("answering syscall %d for %d; the kernel answers it", note.nr, note.pid)
         answer = CONTINUE
-    finally:
-        mem.close()
     respond(listener, note.id, answer.val, answer.error, answer.cont)
+
+
+def sync_wake_up(listener: int) -> None:
+    """Tell the kernel the caller and this supervisor take turns (the caller blocks until
+    answered): the answer then switches to the caller on the supervisor's CPU instead of
+    waking it on another. Older kernels (EINVAL) just wake it as before."""
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(listener, IOCTL_NOTIF_SET_FLAGS, FD_SYNC_WAKE_UP)
 
 
 class NotificationLoop:
@@ -205,6 +201,7 @@ class NotificationLoop:
         self._thread = threading.Thread(target=self._loop, name="guestfs-seccomp", daemon=True)
 
     def start(self) -> NotificationLoop:
+        sync_wake_up(self.listener)
         self._thread.start()
         return self
 

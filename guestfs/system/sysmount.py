@@ -88,6 +88,13 @@ def enter_mount_namespace(pid: int) -> None:
     os.chdir("/")
 
 
+def enter_mount_namespace_fd(ns_fd: int) -> None:
+    """Join the mount namespace ``ns_fd`` (an fd on some /proc/PID/ns/mnt) names: the very
+    namespace a caller checked through that fd, whatever became of PID since."""
+    _check(_libc.setns(ns_fd, CLONE_NEWNS), "setns(mnt)")
+    os.chdir("/")
+
+
 def is_stale_mount(path: str) -> bool:
     """A FUSE mount whose daemon died: every request says ENOTCONN. (A stat alone can be
     answered from the kernel's attribute cache for a while; listing the directory cannot.)"""
