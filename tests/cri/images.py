@@ -278,7 +278,15 @@ def build(workdir: Path, ro_tmp_dir: Path,
         skeleton, binds = host_skeleton_layer(with_run, "absent" if tmp == "ro" else tmp)
         layers = [etc, skeleton]
         if base == "guestfs":
-            binds += venv_binds()
+            venv = venv_binds()
+            binds += venv
+            if tmp == "ro":
+                # A checkout under /tmp (CI's may be) is bound below the read-only /tmp:
+                # its mountpoint must already be there, as nothing can be made in it.
+                for b in venv:
+                    rel = os.path.relpath(b.container_path, "/tmp")
+                    if not rel.startswith(".."):
+                        os.makedirs(ro_tmp_dir / rel, exist_ok=True)
         # guestfs: container/Dockerfile's ENTRYPOINT and CMD, which the DaemonSet's
         # args-only containers rely on.
         entry, cmd = (["guestfs"], ["explain"]) if base == "guestfs" else ([], ["bash"])
