@@ -285,3 +285,19 @@ def test_a_cgroup_that_names_nothing_refuses_to_mount(tmp_path):
 
     own = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
     assert any(pinned_cgroup_dirs(HostRoot(), m.path) for m in own)
+
+
+def test_a_mountpoint_whose_parent_is_missing_is_refused_not_made(tmp_path):
+    """A typo must not make a tree of root's directories: only a missing last component
+    is made, as mkdir(1) without -p would."""
+    mp = tmp_path / "no" / "such" / "mnt"
+    out = guestfs("mount", str(mp))
+    one_line_error(out, str(tmp_path / "no" / "such"), "does not exist")
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_seccomp_agent_socket_in_a_missing_directory_is_refused(tmp_path):
+    out = guestfs("seccomp-agent", "--socket", str(tmp_path / "a" / "b" / "agent.sock"),
+                  "--source", str(tmp_path), timeout=30)
+    one_line_error(out, "does not exist")
+    assert not (tmp_path / "a").exists()

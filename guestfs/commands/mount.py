@@ -119,7 +119,15 @@ def prepare_mountpoint(mp: str) -> None:
     if entry is not None and (entry.root == "/" or entry.fstype.startswith("fuse")):
         raise MountError(f"{mp} is already a mount point"
                          + (" (a running guestfs)" if is_guestfs_mount(mp) else ""))
-    os.makedirs(mp, exist_ok=True)
+    if not os.path.lexists(mp):
+        parent = os.path.dirname(mp)
+        if not os.path.isdir(parent):
+            # Only the last component is made: a typo must not make a tree as root.
+            raise MountError(f"{mp}: {parent} does not exist (make it, or give another "
+                             "mountpoint)")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(mp, 0o755)
+        log.debug("%s did not exist: made it", mp)
     refuse_symlink(mp)
 
 

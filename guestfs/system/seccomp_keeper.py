@@ -72,7 +72,14 @@ def described(meta: bytes) -> tuple[str, str | None]:
 
 
 def owned_private_dir(d: str) -> None:
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    """``d`` as a directory of ours, mode 0700, made if missing; its parent must exist: a
+    typo in --socket must not make a tree of root's directories."""
+    parent = os.path.dirname(os.path.abspath(d))
+    if not os.path.isdir(parent):
+        raise SocketError(f"{parent} does not exist: give a socket path in an existing "
+                          "directory")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(d, 0o700)
     st = os.lstat(d)
     if not stat.S_ISDIR(st.st_mode):
         raise SocketError(f"{d} is not a directory (a symbolic link?)")
