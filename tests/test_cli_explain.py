@@ -66,7 +66,7 @@ def test_errors_are_one_line_with_exit_status(capsys, monkeypatch):
     rc, _, err = run(capsys, "explain", "--root", root, "--pid", "31337")
     assert rc == 1 and "pid 31337" in err
     rc, _, err = run(capsys, "explain", "--root", "/nonexistent-root")
-    assert rc == 1 and "cannot read" in err
+    assert rc == 1 and "--root /nonexistent-root: no proc directory" in err
     monkeypatch.setenv("GUESTFS_CPU_ROUNDING", "sideways")
     rc, _, err = run(capsys, "explain", "--root", root)
     assert rc == 1 and "GUESTFS_CPU_ROUNDING" in err
@@ -90,3 +90,15 @@ def test_show_and_explain_work_without_any_fuse_binding():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("MemTotal:         524288 kB\n")
+
+
+def test_a_root_with_no_proc_is_named_not_the_pid(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "guestfs", "explain", "--root",
+                          str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"guestfs: --root {tmp_path / 'nowhere'}: no proc directory there (give the "
+        "directory that holds the host's proc and sys)"]

@@ -38,6 +38,10 @@ def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
                    ) -> tuple[HostRoot, Snapshot, EffectiveLimits]:
     env = dict(os.environ) if env is None else env
     explicit, rounding = explicit_from_args(args, env)
+    if not os.path.isdir(os.path.join(args.root, "proc")):
+        # Checked first: every pid would otherwise look gone.
+        raise CliError(f"--root {args.root}: no proc directory there (give the directory "
+                       "that holds the host's proc and sys)")
     try:
         host = HostRoot(args.root)
         snap = read_snapshot(host, args.pid)
