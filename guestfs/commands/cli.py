@@ -410,3 +410,7 @@ def setup_logging(verbose: bool, quiet: bool = False) -> None:
                         format="guestfs[%(process)d] %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         ratelog.install(handler)
+    # mfusepy logs every errno an operation returns at DEBUG, with a traceback: the
+    # designed ones too (ENOSYS from open selects the page cache, ENOENT from lookup).
+    # -v is for guestfs's own steps; the binding's errors above DEBUG still show.
+    logging.getLogger("fuse").setLevel(logging.INFO)
