@@ -58,3 +58,11 @@ def test_the_template_table_is_bounded():
     for i in range(5000):
         log.warning(f"path {i} refused")   # a template per line: a hostile name each
     assert len(limit._seen) <= 1024
+
+
+def test_info_and_debug_lines_are_never_held_back():
+    log, out = logger_with(RateLimit(burst=1, window=60, clock=Clock()))
+    log.setLevel(logging.DEBUG)
+    for i in range(20):
+        log.info("container %d: answering from its own view", i)
+    assert len(out.getvalue().splitlines()) == 20

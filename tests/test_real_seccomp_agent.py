@@ -281,12 +281,17 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def handed_off_child(sock: str, go: int, out: int) -> None:  # pragma: no cover - child
+def handed_off_child(sock: str, go: int, out: int, others: tuple[int, ...]
+                     ) -> None:  # pragma: no cover - child
     """Install a notifying filter, hand its listener to the agent as runc would, wait for
-    ``go``, then report what sysconf and the affinity mask say."""
+    ``go``, then report what sysconf and the affinity mask say. ``others``: the parent's
+    ends of the pipes, closed first: a child holding the write end of ``go`` would never
+    see its end, and a failing test would hang reaping it."""
     from guestfs.system.seccomp_filter import Interception, install_listener
 
     try:
+        for fd in others:
+            os.close(fd)
         listener = install_listener(Interception())
         state = {"ociVersion": "1.0.2", "fds": ["seccompFd"], "pid": os.getpid(),
                  "state": {"id": f"many-{os.getpid()}", "pid": os.getpid()}}
@@ -323,7 +328,7 @@ def handed_off_children(sock: str, n: int) -> Iterator[tuple[int, int]]:
         for _ in range(n):
             pid = os.fork()
             if pid == 0:  # pragma: no cover
-                handed_off_child(sock, go_r, out_w)
+                handed_off_child(sock, go_r, out_w, (go_w, out_r))
             pids.append(pid)
         os.close(out_w)
         yield go_w, out_r

@@ -3,9 +3,11 @@
 An app under `guestfs run` or a reader of a shared mount can make the same failure happen
 thousands of times a second (a bad pointer to sysinfo(2), a stopped daemon, a hostile
 path); each would otherwise be a line, with a traceback, in the pod's log. Per message
-template (the logger's name and the unformatted message), the first BURST records of
-every WINDOW seconds pass, only the first with its traceback; the rest are counted, and
-the next record that passes says how many were left out.
+template (the logger's name and the unformatted message) of a warning or worse, the first
+BURST records of every WINDOW seconds pass, only the first with its traceback; the rest
+are counted, and the next record that passes says how many were left out. INFO and DEBUG
+lines are events of guestfs's own making (a container served, a mount made), never held
+back: -v asks for all of them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class RateLimit(logging.Filter):
         self._seen: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
         key = (record.name, str(record.msg))
         now = self.clock()
         with self._lock:
