@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the filesystem is or will be mounted (default /run/guestfs; "
                         "where that cannot be made, a private tmpfs only run and its "
                         "daemon see: docs/mount.md)")
-    add_mount_options(p)
+    add_mount_options(p, view="self")
     add_limit_options(p, where=False)
     p.add_argument("--bind-pressure", action="store_true",
                    help="also bind /proc/pressure/{cpu,memory,io} (the cgroup's pressure; "
@@ -292,9 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "leaves affinity to the kernel (nproc counts every allowed CPU)")
     add_run_privilege_options(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
-    # The app and the daemon run lives in share one cgroup: a fixed view, served from the
-    # kernel's page cache (docs/mount.md).
-    p.set_defaults(func=cmd_run, view="self")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("attach", help="bind the served files inside another process's mount "
                                       "namespace, and heal stale binds",

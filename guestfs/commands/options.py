@@ -136,14 +136,16 @@ def limit_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def add_mount_options(p: argparse.ArgumentParser) -> None:
+def add_mount_options(p: argparse.ArgumentParser, view: str = DEFAULT_VIEW) -> None:
+    """The filesystem options of `mount`, and of `run`, which passes them to its daemon;
+    ``view`` is the command's default (run's is self: the app and the daemon share one
+    cgroup, served from the page cache)."""
     m = p.add_argument_group("filesystem")
-    m.add_argument("--view", choices=VIEWS, default=DEFAULT_VIEW,
-                   help="whose cgroup a read reflects: the reading process (caller, the "
-                        "default: per-container views even in a shared-pid pod), its "
-                        "pid-namespace init (init, LXCFS's choice) or the daemon's own "
-                        "(self; what run uses by default); an exited pid falls back to "
-                        "the next")
+    m.add_argument("--view", choices=VIEWS, default=view,
+                   help=f"whose cgroup a read reflects (default {view}): the reading "
+                        "process (caller: per-container views even in a shared-pid pod), "
+                        "its pid-namespace init (init, LXCFS's choice) or the daemon's own "
+                        "(self); an exited pid falls back to the next")
     m.add_argument("--cgroup", metavar="PATH",
                    help="pin every read to this cgroup path (as /proc/<pid>/cgroup names it)")
     m.add_argument("--cache-ttl", type=seconds(0, strict=False), default=DEFAULT_CACHE_TTL,
