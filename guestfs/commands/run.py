@@ -262,8 +262,6 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
         return start_daemon(mp, mount_args, space.daemon_env())
 
     try:
-        # First: its start-up (a new interpreter) runs while the daemon's does.
-        guard = _start_guard(what)
         if not is_guestfs_mount(mp):
             daemon = supervise.start_or_reuse(mp, start)
         else:
@@ -275,6 +273,9 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
                         "client): binding regular copies refreshed every second", mp)
             materialized = Materialized(binds, parent=space.private_dir)
             binds = materialized.binds
+        # Only now: its start-up (an interpreter of its own) then runs beside the app's,
+        # not beside the daemon's, whose CPU time the app waits for.
+        guard = _start_guard(what)
         pair = socket.socketpair() if guard is not None else None
         pid = os.fork()
         if pid == 0:
