@@ -84,3 +84,23 @@ def test_bench_syscalls_smoke(tmp_path: Path) -> None:
     assert rows["run, not intercepted"]["totalram"] == rows["kernel"]["totalram"]
     for r in rows.values():
         assert r["sysinfo"] > 0 and r["sched_getaffinity"] > 0
+
+
+def test_bench_startup_smoke(tmp_path: Path) -> None:
+    """Every row is there, and in every round the app read the cgroup's limit (512 MiB)
+    through its /proc/meminfo, so each row timed an app that was served, not the kernel."""
+    require_fuse()
+    require_v1_root()
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_startup.py"),
+                          "--rounds", "2", "--json", str(tmp_path / "st.json")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r = json.loads((tmp_path / "st.json").read_text())
+    assert set(r["rows"]) == {"lxcfs", "guestfs run", "guestfs run, mount reused"}
+    assert r["limit_kb"] == 512 * 1024
+    for row in r["rows"].values():
+        assert row["rounds"] == 2 and row["memtotal_kb"] == [512 * 1024] * 2
+        assert 0 < row["min_s"] <= row["median_s"] <= row["max_s"]
+        assert row["over_lxcfs"] > 0
+    assert isinstance(r["target_met"], bool) and r["target_s"] == 0.15
+    assert "guestfs run, mount reused" in out.stdout

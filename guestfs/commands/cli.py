@@ -121,7 +121,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
                         rounding, args.fuse_binding, args.allow_other, args.daemon,
                         args.pid_file, args.log_file,
-                        exit_when_unused=args.exit_when_unused,
+                        exit_when_unused=args.exit_when_unused, ready_fd=args.ready_fd,
                         per_container=args.per_container,
                         reread_explicit=explicit_rereader(args, env))
     try:
@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="detach once mounted (logs go to --log-file, else nowhere)")
     p.add_argument("--pid-file", metavar="FILE", help="write the serving process's pid here")
     p.add_argument("--log-file", metavar="FILE", help="with --daemon: append logs here")
+    p.add_argument("--ready-fd", type=int, metavar="FD",
+                   help="write one byte to descriptor FD once the FUSE connection is "
+                        "initialised, then close it (run waits on it for its daemon)")
     p.add_argument("--exit-when-unused", action="store_true",
                    help="unmount and exit once no `guestfs run` uses this mount (run starts "
                         "its daemon so; docs/mount.md)")

@@ -59,6 +59,7 @@ class MountOptions:
     exit_when_unused: bool = False
     per_container: bool = False
     reread_explicit: Callable[[], ExplicitLimits] | None = None
+    ready_fd: int | None = None       # --ready-fd: told once the mount serves
 
 
 def _read_own(mp: str, name: str) -> bytes | None:
@@ -216,8 +217,31 @@ def open_output_files(opts: MountOptions) -> tuple[OpenedFile | None, OpenedFile
     return pid_file, log_file
 
 
+def ready_notifier(fd: int | None) -> Callable[[], None] | None:
+    """What tells the process waiting on ``fd`` (`guestfs run`) that the mount serves: one
+    byte, then the descriptor closed, once. Close-on-exec from the start, so that the
+    helpers this daemon runs (unmount watcher, probes) never hold it open: the waiter
+    takes end-of-file without that byte for this daemon's exit."""
+    if fd is None:
+        return None
+    try:
+        os.set_inheritable(fd, False)
+    except OSError as e:
+        raise MountError(f"--ready-fd {fd}: {e.strerror}") from None
+    done = threading.Lock()
+
+    def notify() -> None:
+        if done.acquire(blocking=False):
+            with contextlib.suppress(OSError):   # the waiter is gone: nothing to tell
+                os.write(fd, b"r")
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    return notify
+
+
 def serve(opts: MountOptions) -> int:
     mp = os.path.abspath(opts.mountpoint)
+    ready = ready_notifier(opts.ready_fd)
     binding = load_binding(opts.binding)
     lock_fd = hold_mount_lock(mp)
     prepare_mountpoint(mp)
@@ -268,7 +292,7 @@ def serve(opts: MountOptions) -> int:
         kwargs["max_idle_threads"] = 10
     if opts.allow_other:
         kwargs["allow_other"] = True
-    ops = make_operations(binding.module, server, layout, DIRECT_ATTR_TIMEOUT)
+    ops = make_operations(binding.module, server, layout, DIRECT_ATTR_TIMEOUT, ready)
     server.serving.update(layout=layout, page_cache=cached)
     if server.fixed_view and opts.cgroup is None:
         # Whose view --view self serves: a run reusing this mount checks it is its own.

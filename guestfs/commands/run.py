@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from guestfs.commands import mountlock, runspace, supervise
 from guestfs.commands.apppriv import AppSetup, container_clock_source, prepare_app
@@ -45,25 +47,52 @@ class RunError(RuntimeError):
 
 
 def start_daemon(mp: str, mount_args: list[str],
-                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                 env: dict[str, str] | None = None,
+                 timeout: float = 20.0) -> subprocess.Popen[bytes]:
     """``guestfs mount MP`` as a child that serves while any run uses it.
 
     Its own session: the terminal's SIGINT/SIGQUIT (Ctrl-C, sent to the whole foreground
     process group) and SIGHUP reach the app and us, never the daemon, which we stop once
     the app has exited. With --exit-when-unused it stops itself once no run holds the
     mount's users lock, so a run killed with -9 leaves nothing behind, while a daemon
-    another run still uses outlives the run that started it (docs/mount.md)."""
-    proc = subprocess.Popen(guestfs_argv(["mount", mp, *mount_args]), start_new_session=True,
-                            env=env)
+    another run still uses outlives the run that started it (docs/mount.md).
+
+    Waited for on a pipe the daemon writes to once FUSE's INIT is done (--ready-fd), not
+    by polling the mount: each look at it is a child process of its own (probe_mount),
+    and their start-ups took the CPU from the daemon's."""
+    r, w = os.pipe()
+    try:
+        proc = subprocess.Popen(guestfs_argv(["mount", mp, *mount_args, "--ready-fd", str(w)]),
+                                start_new_session=True, env=env, pass_fds=(w,))
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    try:
+        told = _wait_ready(r, proc, timeout)
+    finally:
+        os.close(r)
     # Given up as soon as the daemon exits (killed while starting, a refused mount): the
     # supervisor then retries with backoff instead of waiting out the timeout.
-    if not wait_until(lambda: proc.poll() is not None or is_guestfs_mount(mp), 20.0) \
-            or proc.poll() is not None:
+    if not told or proc.poll() is not None:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
         proc.wait()
         raise RunError(f"guestfs mount {mp} did not come up")
     return proc
+
+
+def _wait_ready(r: int, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Until the daemon's byte arrives (True), or end of file (it exited, or closed the
+    pipe unasked), or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([r], [], [], min(left, 0.5))[0]:
+            return os.read(r, 1) == b"r"
+        if proc.poll() is not None:
+            return False
+    return False
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
@@ -244,6 +273,8 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
                         "client): binding regular copies refreshed every second", mp)
             materialized = Materialized(binds, parent=space.private_dir)
             binds = materialized.binds
+        # Only now: its start-up (an interpreter of its own) then runs beside the app's,
+        # not beside the daemon's, whose CPU time the app waits for.
         guard = _start_guard(what)
         pair = socket.socketpair() if guard is not None else None
         pid = os.fork()

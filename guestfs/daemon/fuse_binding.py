@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from types import ModuleType
 
 BINDINGS = ("auto", "mfusepy3", "mfusepy2", "fusepy")
+SONAMES = {"mfusepy3": "libfuse3.so.3", "mfusepy2": "libfuse.so.2"}
+# mfusepy loads FUSE_LIBRARY_PATH as given: one set by the user is left to win, as before.
+_USER_LIBRARY_PATH = bool(os.environ.get("FUSE_LIBRARY_PATH"))
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class BindingError(RuntimeError):
 def _try(choice: str) -> Binding:
     if choice.startswith("mfusepy"):
         os.environ["FUSE_LIBRARY_NAME"] = "fuse3" if choice == "mfusepy3" else "fuse"
+        if not _USER_LIBRARY_PATH:
+            # The soname find_library would answer, given to dlopen directly: mfusepy's
+            # find_library runs `ldconfig -p` in a child process, at every daemon start.
+            # A library that is not installed still fails the import (OSError).
+            os.environ["FUSE_LIBRARY_PATH"] = SONAMES[choice]
         mod = importlib.import_module("mfusepy")
         lib = str(getattr(mod, "_libfuse_path", "?"))
         if choice == "mfusepy3" and "fuse3" not in lib:

@@ -26,6 +26,7 @@ import stat
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -95,14 +96,16 @@ def _tree() -> tuple[dict[str, list[str]], set[str]]:
 
 
 def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-caller",
-                    direct_timeout: float = 0.5) -> Any:
+                    direct_timeout: float = 0.5,
+                    on_init: Callable[[], None] | None = None) -> Any:
     """An Operations instance for the binding module ``fuse`` (fusepy or mfusepy).
 
     ``layout``: "per-caller" (LXCFS's layout, each reader its own view, direct_io),
     "fixed" (LXCFS's layout, one view for every reader, page-cached where libfuse3's init
     says the kernel's client offers no_open and auto_inval_data) or "per-container" (one
     directory per container cgroup, page-cached likewise). ``direct_timeout`` is the
-    attribute timeout to fall back to when the page cache cannot be used."""
+    attribute timeout to fall back to when the page cache cannot be used. ``on_init`` is
+    called once libfuse has the kernel's INIT (the mount serves from then on)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}")
     dirs, files = _tree()
@@ -161,7 +164,17 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
 
         # ------------------------------------------------------------ setup
 
+        def init(self, path: str) -> None:
+            # fusepy's (libfuse2) only; mfusepy calls init_with_config instead.
+            if on_init is not None:
+                on_init()
+
         def init_with_config(self, conn: Any, config: Any) -> None:
+            self._configure(conn, config)
+            if on_init is not None:
+                on_init()
+
+        def _configure(self, conn: Any, config: Any) -> None:
             # libfuse3 says here what the kernel's FUSE client offers (libfuse2 gives no
             # config: the page cache path is not taken there).
             if config is None or layout == "per-caller":

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -81,8 +83,12 @@ def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
 
     Never from this process: a FUSE request to a stopped daemon waits forever, and only a
     fatal signal ends it, so the child is killed after ``timeout`` and MountUnresponsive
-    raised. Our own interpreter by absolute path, isolated (-I -S): nothing is imported
+    raised. A process with one thread forks it (a new interpreter's start-up cost more
+    than the probe: `guestfs run` probed twice before its app started); with threads, the
+    child is our own interpreter by absolute path, isolated (-I -S): nothing is imported
     from the working directory."""
+    if _single_threaded():
+        return _probe_forked(mp, name, timeout, limit)
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE, mp, name, str(limit)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, close_fds=True)
@@ -93,15 +99,79 @@ def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
         # A FUSE wait is killable; should the child still not go, it is not waited for.
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=1.0)
-        raise MountUnresponsive(
-            errno.ETIMEDOUT, f"{mp}: the FUSE mount does not answer within {timeout:g}s "
-            f"(its daemon is stopped or hung: SIGCONT it, or detach it with umount -l)"
-        ) from None
+        raise _unresponsive(mp, timeout) from None
+    return _parse_probe(out)
+
+
+def _unresponsive(mp: str, timeout: float) -> MountUnresponsive:
+    return MountUnresponsive(
+        errno.ETIMEDOUT, f"{mp}: the FUSE mount does not answer within {timeout:g}s "
+        f"(its daemon is stopped or hung: SIGCONT it, or detach it with umount -l)")
+
+
+def _parse_probe(out: bytes) -> tuple[int, bytes]:
     head, _, data = out.partition(b"\n")
     try:
         return int(head), data
     except ValueError:
         return errno.EIO, b""   # the child died before answering
+
+
+def _single_threaded() -> bool:
+    """One thread in this process, libfuse's and ctypes' included: a fork then runs
+    Python safely (no lock held by a thread the child would not have)."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def _probe_forked(mp: str, name: str, timeout: float, limit: int) -> tuple[int, bytes]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; answers through the pipe
+        try:
+            # Nothing of ours kept in it but the pipe: a lock (run's users lock) held by
+            # a child stuck in an unkillable wait would outlive us.
+            os.closerange(0, w)
+            os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
+            os.write(w, _probe_here(mp, name, limit))
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        out, deadline = b"", time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0 and select.select([r], [], [], left)[0]:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            out += chunk
+        else:
+            os.kill(pid, signal.SIGKILL)
+            # A FUSE wait is killable; should the child still not go, it is not waited for.
+            wait_until(lambda: os.waitpid(pid, os.WNOHANG)[0] != 0, 1.0)
+            raise _unresponsive(mp, timeout)
+    finally:
+        os.close(r)
+    os.waitpid(pid, 0)
+    return _parse_probe(out)
+
+
+def _probe_here(mp: str, name: str, limit: int) -> bytes:
+    """What _PROBE prints, for the forked child."""
+    try:
+        os.listdir(mp)
+        data = b""
+        if name:
+            fd = os.open(mp + name, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                while len(data) < limit and (chunk := os.read(fd, limit - len(data))):
+                    data += chunk
+            finally:
+                os.close(fd)
+    except OSError as e:
+        return f"{e.errno or 0}\n".encode()
+    return b"0\n" + data
 
 
 def is_guestfs_mount(path: str) -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -56,7 +55,9 @@ SECUREBITS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 5)
 MS_NOSUID, MS_NODEV = 2, 4
 UMOUNT_NOFOLLOW = 8
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The C library this interpreter is linked with (dlopen(NULL)), not find_library("c"):
+# that runs `ldconfig -p` in a child process on every call, at every start.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 

@@ -5,7 +5,6 @@ dependency for three calls."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 
@@ -24,7 +23,9 @@ PR_CAP_AMBIENT_LOWER = 3
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The C library this interpreter is linked with (dlopen(NULL)), not find_library("c"):
+# that runs `ldconfig -p` in a child process on every call, at every start.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                         ctypes.c_ulong]
 

@@ -12,7 +12,6 @@ NoNewPrivs on the app would break its setuid helpers (su, sudo, ping).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 from dataclasses import dataclass
@@ -122,7 +121,9 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The C library this interpreter is linked with (dlopen(NULL)), not find_library("c"):
+# that runs `ldconfig -p` in a child process on every call, at every start.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 
@@ -31,7 +30,9 @@ PROC_SUPER_MAGIC = 0x9FA0
 SYSFS_MAGIC = 0x62656572
 FUSE_SUPER_MAGIC = 0x65735546
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The C library this interpreter is linked with (dlopen(NULL)), not find_library("c"):
+# that runs `ldconfig -p` in a child process on every call, at every start.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
