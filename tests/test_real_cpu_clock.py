@@ -6,13 +6,14 @@ restart, a systemd unit, a CI job)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
 import pytest
 
 from tests.fusemount import force_unmount, mounted
-from tests.realcg import RealCgroup, v1_cgroup
+from tests.realcg import RealCgroup, _empty_and_remove, v1_cgroup
 from tests.test_real_run import guestfs_run, in_cgroup
 
 pytestmark = pytest.mark.real
@@ -85,7 +86,9 @@ def test_busy_loop_reads_its_share_of_a_two_cpu_view(tmp_path):
 
 def test_recreated_cgroup_gets_a_clock_of_its_own(tmp_path):
     """One daemon (pinned to a cgroup path) serving while the cgroup is removed and made
-    again: the new one's busy loop shows up in /proc/stat (it froze before)."""
+    again: the new one is a new container, with a clock of its own. Its busy time is what
+    it burnt (its own cpuacct usage), not the old one's plus a part of it (a carried
+    clock held it, or froze it before that), and uptime's idle is within its age x 2."""
     mp = tmp_path / "mnt"
     with (v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg,
           mounted(str(mp), "--cgroup", cg.paths["cpu"], "--cache-ttl", "0.1")):
@@ -97,9 +100,14 @@ def test_recreated_cgroup_gets_a_clock_of_its_own(tmp_path):
         burn(cg, 1.5, 1)
         time.sleep(0.3)
         after = (mp / "proc/stat").read_text().split("\n")[0].split()
+        age, idle = (float(x) for x in (mp / "proc/uptime").read_text().split())
+        acct = os.path.join(cg.dirs.get("cpuacct", cg.dirs["cpu"]), "cpuacct.usage")
+        with open(acct) as f:
+            burnt = int(f.read()) / 1e7     # the new cgroup's lifetime, in ticks
     busy = lambda f: int(f[1]) + int(f[3])  # noqa: E731 - user + system ticks
     assert busy(before) >= 150
-    assert busy(after) - busy(before) >= 100, (before, after)  # 1.5 s burnt: 150 ticks
+    assert burnt - 5 <= busy(after) <= burnt + 3, (before, after, burnt)
+    assert idle <= age * 2 + 0.02, (age, idle)   # was 2.5 s more than the new age x 2
 
 
 # Without CAP_SYS_RESOURCE (root here lacks it, as in most pods) the kernel takes only
@@ -173,3 +181,76 @@ def test_loadavg_last_pid_is_the_containers(tmp_path):
     assert out.returncode == 0, out.stderr
     last = int(out.stdout.split()[4])
     assert 1 <= last < 20, out.stdout      # sleep is pid 2 or so there; the host is in the 1000s
+
+
+def _child(cg: RealCgroup, name: str, cpus: str) -> dict[str, str]:
+    """A child of ``cg`` in its cpu, cpuacct and cpuset hierarchies, pinned to ``cpus``."""
+    made = {}
+    for c in ("cpu", "cpuacct", "cpuset"):
+        if c not in cg.dirs:
+            continue
+        made[c] = os.path.join(cg.dirs[c], name)
+        os.mkdir(made[c])
+    with open(os.path.join(cg.dirs["cpuset"], "cpuset.mems")) as f:
+        mems = f.read().strip()
+    for name, value in (("cpuset.mems", mems), ("cpuset.cpus", cpus)):
+        with open(os.path.join(made["cpuset"], name), "w") as out:
+            out.write(value)
+    return made
+
+
+def _busy_in(dirs: dict[str, str], seconds: float) -> subprocess.Popen[bytes]:
+    shell = f'for d in {" ".join(dirs.values())}; do echo $$ > $d/cgroup.procs; done; exec "$@"'
+    return subprocess.Popen(["sh", "-c", shell, "_", "sh", "-c", BUSY.format(s=seconds)])
+
+
+def _read_int(path: str) -> int:
+    with open(path) as f:
+        return int(f.read())
+
+
+def _served(mp) -> tuple[int, int, float]:
+    """(busy ticks of the cpu line, busy + idle ticks of cpu0, uptime's first field)."""
+    lines = (mp / "proc/stat").read_text().splitlines()
+    total = [int(x) for x in lines[0].split()[1:]]
+    cpu0 = [int(x) for x in lines[1].split()[1:]]
+    return total[0] + total[2], cpu0[0] + cpu0[2] + cpu0[3], \
+        float((mp / "proc/uptime").read_text().split()[0])
+
+
+def test_a_one_cpu_view_under_a_two_cpu_cgroup_is_at_most_one_cpu_busy(tmp_path):
+    """A pod with a 2-CPU quota and two containers pinned to CPU 0 and CPU 1 (Kubernetes'
+    static CPU manager), both busy: the view of the CPU 0 container shows 1 CPU and its
+    clock follows the pod's counter (where the quota sits), which grows by up to 2 CPUs.
+    Its busy time may grow by at most one CPU's worth of the served uptime, and never by
+    more than the pod's own cpuacct usage; cpu0's line by no more than the uptime."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 CPUs to pin two containers apart")
+    mp = tmp_path / "mnt"
+    with v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as pod:
+        kids = [_child(pod, "c0", "0"), _child(pod, "c1", "1")]
+        loops = [_busy_in(k, 20) for k in kids]
+        try:
+            with mounted(str(mp), "--cgroup", f"{pod.paths['cpu']}/c0", "--cache-ttl", "0.1"):
+                assert (mp / "sys/devices/system/cpu/online").read_text() == "0\n"
+                usage = os.path.join(pod.dirs.get("cpuacct", pod.dirs["cpu"]), "cpuacct.usage")
+                time.sleep(0.5)
+                busy0, all0, up0 = _served(mp)
+                used0 = _read_int(usage)
+                time.sleep(2)
+                used1 = _read_int(usage)
+                busy1, all1, up1 = _served(mp)
+        finally:
+            for p in loops:
+                p.kill()
+                p.wait()
+            for k in kids:
+                for d in reversed(list(k.values())):
+                    _empty_and_remove(d)
+    ticks = (up1 - up0) * 100
+    burnt = (used1 - used0) / 1e7               # the pod's own usage, in ticks
+    assert busy1 - busy0 <= ticks + 3, (busy0, busy1, up0, up1, burnt)   # was ~ burnt
+    assert busy1 - busy0 <= burnt + 3, (busy0, busy1, burnt)
+    assert all1 - all0 <= ticks + 3, (all0, all1, up0, up1)
+    print(f"pod burnt {burnt / ticks:.2f} CPUs; the view showed "
+          f"{(busy1 - busy0) / ticks:.2f} busy of its 1 CPU")
