@@ -26,7 +26,7 @@ pytestmark = pytest.mark.real
 
 BATCH = 250
 MEASURED = 3    # batches measured, after two that warm up: 750 vanished containers
-# What one vanished container may cost once the daemon has forgotten it (it was ~56 KB
+# What one vanished container may cost once the daemon has forgotten it (it was ~45 KB
 # kept for each of up to 4,096 with every file read; allocator slack remains).
 MAX_BYTES_PER_VANISHED = 2048
 

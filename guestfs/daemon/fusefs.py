@@ -42,7 +42,7 @@ SIZED_ENTRIES = 4096
 # A per-container directory whose cgroup is gone keeps its last good numbers (counted as
 # a fallback) this long, for a reader that outlives its container by a moment; then it is
 # forgotten (ENOENT). At most MAX_VANISHED of them are kept, the longest gone forgotten
-# first: each kept ~56 KB (its files' renderings, view, clock), and a node that removed
+# first: each kept ~45 KB (its files' renderings, view, clock), and a node that removed
 # thousands of short jobs' cgroups grew the DaemonSet's daemon past its 128Mi
 # (tests/test_real_vanished_memory.py prints the cost of each).
 VANISHED_GRACE = 30.0
