@@ -339,3 +339,23 @@ def test_busy_is_capped_at_the_visible_cpus_when_the_cpu_cgroup_is_wider(
     (root / "proc/uptime").write_text("356522.43 1401203.77\n")
     assert cpu_fields(srv) == [after] * 2     # was 200 ticks/s of busy on one CPU
     assert srv.render("/proc/uptime", 7) == b"522.43 " + idle + b"\n"
+
+
+def test_a_cgroup_directory_that_cannot_be_looked_at_is_no_new_container(copy_fixture,
+                                                                          monkeypatch):
+    """A stat of the pod's directory that fails (gone between the snapshot and the stat)
+    says nothing of a new container: the clock carries on rather than start again."""
+    from guestfs.sources import usage
+
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    # The pod burnt 600 s before its 512.43 s old init: the clock starts "since the view
+    # began": busy 0, idle 512.43 s.
+    set_cpu_stat(root / POD, 600_000_000, 0)
+    srv, _ = server(root, cache_ttl=0)
+    assert cpu_fields(srv) == [[0, 0, 0, 51243]] * 2
+    monkeypatch.setattr(usage, "level_stat", lambda host, level: None)
+    set_cpu_stat(root / POD, 600_500_000, 0)
+    (root / "proc/uptime").write_text("356513.43 1401203.77\n")
+    # 1 s later, 0.5 s more user time: +50 user ticks, +50 idle. A fresh clock would
+    # have started again: busy 0, idle 513.43 s.
+    assert cpu_fields(srv) == [[50, 0, 0, 51293]] * 2

@@ -266,6 +266,11 @@ class ViewServer:
                 view = _View(last.snap, last.lim, view.born, last.incarnation,
                              view.own_threads)
             else:
+                if view.incarnation is None and last is not None:
+                    # Its directory could not be looked at (gone between the snapshot and
+                    # the stat): not a new container, so the clock carries on.
+                    view = _View(view.snap, view.lim, view.born, last.incarnation,
+                                 view.own_threads)
                 self._count_unseen(view, key, pid)
             with self._lock:
                 self._views[key] = view
