@@ -158,7 +158,6 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             self.vanished = Counter(forgotten=0, entries_dropped=0)
             if per_container:
                 server.serving["vanished"] = self.vanished
-            if per_container:
                 server.periodic.append(self.forget_vanished)
             self.layout = layout
             # FUSE requests that reached Python, by kind (the status file shows them; a
