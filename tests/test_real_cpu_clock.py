@@ -6,13 +6,14 @@ restart, a systemd unit, a CI job)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
 import pytest
 
 from tests.fusemount import force_unmount, mounted
-from tests.realcg import RealCgroup, v1_cgroup
+from tests.realcg import RealCgroup, _empty_and_remove, v1_cgroup
 from tests.test_real_run import guestfs_run, in_cgroup
 
 pytestmark = pytest.mark.real
@@ -37,6 +38,15 @@ def top_second_cpu_line(text: str) -> dict[str, float]:
     line = [ln for ln in text.splitlines() if ln.startswith("%Cpu(s)")][-1]
     parts = line.split(":", 1)[1].replace(",", " ").split()
     return {parts[i + 1]: float(parts[i]) for i in range(0, len(parts) - 1, 2)}
+
+
+def acct_ticks(cg: RealCgroup) -> float:
+    """The cgroup's user + system time in USER_HZ ticks, from the file the daemon reads
+    (cpuacct.usage_all: its sum runs ahead of cpuacct.usage's by up to ~0.1 s here)."""
+    acct = os.path.join(cg.dirs.get("cpuacct", cg.dirs["cpu"]), "cpuacct.usage_all")
+    with open(acct) as f:
+        rows = [ln.split() for ln in f.read().splitlines()[1:]]
+    return sum(int(r[1]) + int(r[2]) for r in rows) / 1e7
 
 
 def recreate_cpu(cg: RealCgroup) -> None:
@@ -85,7 +95,9 @@ def test_busy_loop_reads_its_share_of_a_two_cpu_view(tmp_path):
 
 def test_recreated_cgroup_gets_a_clock_of_its_own(tmp_path):
     """One daemon (pinned to a cgroup path) serving while the cgroup is removed and made
-    again: the new one's busy loop shows up in /proc/stat (it froze before)."""
+    again: the new one is a new container, with a clock of its own. Its busy time is what
+    it burnt (its own cpuacct usage), not the old one's plus a part of it (a carried
+    clock held it, or froze it before that), and uptime's idle is within its age x 2."""
     mp = tmp_path / "mnt"
     with (v1_cgroup(512 * MiB, 200000, 100000, cpus="0-1") as cg,
           mounted(str(mp), "--cgroup", cg.paths["cpu"], "--cache-ttl", "0.1")):
@@ -97,9 +109,12 @@ def test_recreated_cgroup_gets_a_clock_of_its_own(tmp_path):
         burn(cg, 1.5, 1)
         time.sleep(0.3)
         after = (mp / "proc/stat").read_text().split("\n")[0].split()
+        age, idle = (float(x) for x in (mp / "proc/uptime").read_text().split())
+        burnt = acct_ticks(cg)              # the new cgroup's lifetime
     busy = lambda f: int(f[1]) + int(f[3])  # noqa: E731 - user + system ticks
     assert busy(before) >= 150
-    assert busy(after) - busy(before) >= 100, (before, after)  # 1.5 s burnt: 150 ticks
+    assert burnt - 5 <= busy(after) <= burnt + 3, (before, after, burnt)
+    assert idle <= age * 2 + 0.02, (age, idle)   # was 2.5 s more than the new age x 2
 
 
 # Without CAP_SYS_RESOURCE (root here lacks it, as in most pods) the kernel takes only
@@ -173,3 +188,73 @@ def test_loadavg_last_pid_is_the_containers(tmp_path):
     assert out.returncode == 0, out.stderr
     last = int(out.stdout.split()[4])
     assert 1 <= last < 20, out.stdout      # sleep is pid 2 or so there; the host is in the 1000s
+
+
+def _child(cg: RealCgroup, name: str, cpus: str) -> dict[str, str]:
+    """A child of ``cg`` in its cpu, cpuacct and cpuset hierarchies, pinned to ``cpus``."""
+    made = {}
+    for c in ("cpu", "cpuacct", "cpuset"):
+        if c not in cg.dirs:
+            continue
+        made[c] = os.path.join(cg.dirs[c], name)
+        os.mkdir(made[c])
+    with open(os.path.join(cg.dirs["cpuset"], "cpuset.mems")) as f:
+        mems = f.read().strip()
+    for name, value in (("cpuset.mems", mems), ("cpuset.cpus", cpus)):
+        with open(os.path.join(made["cpuset"], name), "w") as out:
+            out.write(value)
+    return made
+
+
+def _busy_in(dirs: dict[str, str], seconds: float) -> subprocess.Popen[bytes]:
+    shell = f'for d in {" ".join(dirs.values())}; do echo $$ > $d/cgroup.procs; done; exec "$@"'
+    return subprocess.Popen(["sh", "-c", shell, "_", "sh", "-c", BUSY.format(s=seconds)])
+
+
+def _served(mp) -> tuple[int, int, float]:
+    """(busy ticks of the cpu line, busy + idle ticks of cpu0, uptime's first field)."""
+    lines = (mp / "proc/stat").read_text().splitlines()
+    total = [int(x) for x in lines[0].split()[1:]]
+    cpu0 = [int(x) for x in lines[1].split()[1:]]
+    return total[0] + total[2], cpu0[0] + cpu0[2] + cpu0[3], \
+        float((mp / "proc/uptime").read_text().split()[0])
+
+
+@pytest.mark.parametrize("quota", [200000, -1], ids=["2-cpu-quota", "no-quota"])
+def test_a_one_cpu_view_under_a_two_cpu_cgroup_is_at_most_one_cpu_busy(tmp_path, quota):
+    """A pod and two containers pinned to CPU 0 and CPU 1 (Kubernetes' static CPU
+    manager), both busy: the view of the CPU 0 container shows 1 CPU. With the 2-CPU
+    quota at the pod, its clock follows the pod's counter (where the quota sits), which
+    grows by up to 2 CPUs; with no quota, the container's own. Its busy time may grow by
+    at most one CPU's worth of the served uptime, and never by more than that counter's
+    cgroup burnt (its cpuacct usage); cpu0's line by no more than the uptime."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 CPUs to pin two containers apart")
+    mp = tmp_path / "mnt"
+    with v1_cgroup(512 * MiB, quota, 100000, cpus="0-1") as pod:
+        kids = [_child(pod, "c0", "0"), _child(pod, "c1", "1")]
+        counter = pod if quota > 0 else RealCgroup(kids[0], {})
+        loops = [_busy_in(k, 20) for k in kids]
+        try:
+            with mounted(str(mp), "--cgroup", f"{pod.paths['cpu']}/c0", "--cache-ttl", "0.1"):
+                assert (mp / "sys/devices/system/cpu/online").read_text() == "0\n"
+                time.sleep(0.5)
+                busy0, all0, up0 = _served(mp)
+                used0 = acct_ticks(counter)
+                time.sleep(2)
+                used1 = acct_ticks(counter)
+                busy1, all1, up1 = _served(mp)
+        finally:
+            for p in loops:
+                p.kill()
+                p.wait()
+            for k in kids:
+                for d in reversed(list(k.values())):
+                    _empty_and_remove(d)
+    ticks = (up1 - up0) * 100
+    burnt = used1 - used0                       # the counter's cgroup's usage, in ticks
+    assert busy1 - busy0 <= ticks + 3, (busy0, busy1, up0, up1, burnt)   # was ~ burnt
+    assert busy1 - busy0 <= burnt + 3, (busy0, busy1, burnt)
+    assert all1 - all0 <= ticks + 3, (all0, all1, up0, up1)
+    print(f"{quota=}: the counter's cgroup burnt {burnt / ticks:.2f} CPUs; the view showed "
+          f"{(busy1 - busy0) / ticks:.2f} busy of its 1 CPU")

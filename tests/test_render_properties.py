@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from guestfs.engine.limits import EffectiveLimits
 from guestfs.engine.provenance import Resolved
 from guestfs.render.cpu import render_cpu_list, render_cpuinfo
+from guestfs.render.files import ViewState
 from guestfs.render.meminfo import render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, cpu_lines, render_stat
 from guestfs.sources.host_proc import HostInfo
@@ -84,19 +85,23 @@ def test_meminfo_is_ordered_bounded_and_never_wraps(limit, usage, values, swap, 
 @given(start=st.integers(0, 10**13),
        steps=st.lists(st.tuples(st.integers(-5_000_000, 5_000_000),
                                 st.integers(-5_000_000, 5_000_000),
-                                st.floats(0, 30), st.integers(1, 8), st.booleans()),
+                                st.floats(0, 30), st.integers(1, 8)),
                       min_size=1, max_size=25))
 def test_stat_counters_are_monotonic_whatever_the_cgroup_does(start, steps):
-    # Counters going backwards, new incarnations, N changing: no served counter decreases.
+    # Counters going backwards or running past what the CPUs can give, N changing: within
+    # one incarnation no served counter decreases, busy grows by at most elapsed x N and
+    # idle stays within age x N (the container is 100 s old at the first reading).
     clock = CpuClock()
     user = system = start
-    now, inc = 100.0, 0
+    now = 100.0
     prev: dict[str, list[int]] = {}
-    clock.advance(CpuUsage(user, system, "cpu.stat"), 2, now, 100.0, inc)
-    for du, ds, dt, n, recreate in steps:
+    clock.advance(CpuUsage(user, system, "cpu.stat"), 2, now, 100.0)
+    for du, ds, dt, n in steps:
         user, system, now = max(0, user + du), max(0, system + ds), now + dt
-        inc += recreate
-        clock.advance(CpuUsage(user, system, "cpu.stat"), n, now, 100.0, inc)
+        busy_before = clock.total[0] + clock.total[1]
+        clock.advance(CpuUsage(user, system, "cpu.stat"), n, now, 100.0)
+        assert clock.total[0] + clock.total[1] - busy_before <= round(dt * n * 1e6)
+        assert clock.idle_seconds <= now * 8 + 1e-6        # age = now here, N <= 8
         lines = cpu_lines(n, clock)
         for name, fields in lines:
             assert all(f >= 0 for f in fields)
@@ -110,10 +115,10 @@ def test_long_lived_cgroup_idle_container_reads_idle():
     # 2 CPUs; the cgroup burnt 500 s before a container that is 100 s old: more than
     # 2 x 100 s, so the clock starts "since the view began": busy 0, idle 200 s.
     clock = CpuClock()
-    clock.advance(CpuUsage(400_000_000, 100_000_000, "cpu.stat"), 2, 1000.0, 100.0, "a")
+    clock.advance(CpuUsage(400_000_000, 100_000_000, "cpu.stat"), 2, 1000.0, 100.0)
     assert cpu_lines(2, clock)[0][1][:4] == [0, 0, 0, 20000]
     # 10 s later, 0.2 s more CPU (an idle pod): idle grows by 2 x 10 - 0.2 = 19.8 s.
-    clock.advance(CpuUsage(400_100_000, 100_100_000, "cpu.stat"), 2, 1010.0, 110.0, "a")
+    clock.advance(CpuUsage(400_100_000, 100_100_000, "cpu.stat"), 2, 1010.0, 110.0)
     total = cpu_lines(2, clock)[0][1]
     assert total[:4] == [10, 0, 10, 20000 + 1980]
     assert cpu_lines(2, clock)[1][1][:4] == [5, 0, 5, 10000 + 990]
@@ -122,23 +127,65 @@ def test_long_lived_cgroup_idle_container_reads_idle():
 def test_busy_loop_reads_its_share_of_the_view():
     # 1 busy thread in a 2-CPU view for 10 s: busy +10 s, idle +10 s: top shows 50 %.
     clock = CpuClock()
-    clock.advance(CpuUsage(0, 0, "cpu.stat"), 2, 50.0, 0.0, "a")
-    clock.advance(CpuUsage(9_000_000, 1_000_000, "cpu.stat"), 2, 60.0, 10.0, "a")
+    clock.advance(CpuUsage(0, 0, "cpu.stat"), 2, 50.0, 0.0)
+    clock.advance(CpuUsage(9_000_000, 1_000_000, "cpu.stat"), 2, 60.0, 10.0)
     user, _, system, idle = cpu_lines(2, clock)[0][1][:4]
     assert (user, system, idle) == (900, 100, 1000)
 
 
-def test_recreated_cgroup_rebases_instead_of_freezing():
-    # The old cgroup had burnt 100 s; a new one at the same path starts at 0 and burns
-    # 2 s in the next 2 s: the served busy time moves by 2 s (not 0, as with a max()).
+def test_counter_reset_in_place_rebases_instead_of_freezing():
+    # The cgroup had burnt 100 s; its counter is reset (a write of 0 to cpuacct.usage)
+    # and it burns 2 s in the next 2 s: the served busy time moves by 2 s (not 0, as with
+    # a max()) and nothing served goes backwards.
     clock = CpuClock()
-    clock.advance(CpuUsage(100_000_000, 0, "cpu.stat"), 1, 500.0, 400.0, "old")
+    clock.advance(CpuUsage(100_000_000, 0, "cpu.stat"), 1, 500.0, 400.0)
     before = cpu_lines(1, clock)[0][1]
-    clock.advance(CpuUsage(0, 0, "cpu.stat"), 1, 501.0, 401.0, "new")
-    clock.advance(CpuUsage(2_000_000, 0, "cpu.stat"), 1, 503.0, 403.0, "new")
+    clock.advance(CpuUsage(0, 0, "cpu.stat"), 1, 501.0, 401.0)
+    clock.advance(CpuUsage(2_000_000, 0, "cpu.stat"), 1, 503.0, 403.0)
     after = cpu_lines(1, clock)[0][1]
     assert after[0] - before[0] == 200
-    assert after[3] - before[3] == 100  # the second in which it was re-created
+    assert after[3] - before[3] == 100  # the second in which it was reset
+
+
+def test_recreated_cgroup_gets_a_fresh_clock_that_moves_from_its_first_second():
+    # A 2-CPU view: the old cgroup (400 s old) burnt 100 s. A new directory at the same
+    # path, 1 s old at its first reading, has burnt 0.5 s: its clock starts "since the
+    # container began": busy 50 ticks, idle 1 x 2 - 0.5 = 1.5 s = 150 ticks. One second
+    # later it has burnt 1.5 s: busy 150 ticks, idle 150 + (2 - 1) x 100 = 250 ticks,
+    # and uptime's idle (2.5 s) is within age x N = 2 x 2 s. The old clock carried over
+    # held busy at 10000 ticks and kept idle at 700 s against an age of 2 s.
+    state = ViewState()
+    state.follow("old")
+    state.clock.advance(CpuUsage(100_000_000, 0, "cpu.stat"), 2, 500.0, 400.0)
+    state.follow("new")
+    state.clock.advance(CpuUsage(400_000, 100_000, "cpu.stat"), 2, 501.0, 1.0)
+    assert cpu_lines(2, state.clock)[0][1][:4] == [40, 0, 10, 150]
+    state.clock.advance(CpuUsage(1_200_000, 300_000, "cpu.stat"), 2, 502.0, 2.0)
+    assert cpu_lines(2, state.clock)[0][1][:4] == [120, 0, 30, 250]
+    assert [f[:4] for _, f in cpu_lines(2, state.clock)[1:]] == [[60, 0, 15, 125]] * 2
+    assert state.clock.idle_seconds == 2.5
+    state.follow("new")                     # the same incarnation keeps its clock
+    assert state.clock.idle_seconds == 2.5
+
+
+def test_busy_is_capped_at_what_the_visible_cpus_can_give():
+    # A 1-CPU view (a 1-CPU cpuset under a 2-CPU quota or no quota) whose counter is read
+    # at a cgroup burning 2 CPUs: 10 s burn 20 s (15 user, 5 system). One CPU gives at
+    # most 10 s = 1000 ticks: busy 1000 ticks in the same 3:1 proportion (750 user, 250
+    # system), idle 0, per-CPU line the same; uptime's idle stays what it was (50 s, the
+    # container being 60 s old with 10 s burnt at the first reading).
+    clock = CpuClock()
+    clock.advance(CpuUsage(8_000_000, 2_000_000, "cpu.stat"), 1, 1000.0, 60.0)
+    clock.advance(CpuUsage(23_000_000, 7_000_000, "cpu.stat"), 1, 1010.0, 70.0)
+    total, cpu0 = (f[:4] for _, f in cpu_lines(1, clock))
+    assert total == [800 + 750, 0, 200 + 250, 5000]
+    assert cpu0 == total
+    assert clock.idle_seconds == 50.0
+    # Of the 10 s cut, 50 ms (CARRY_USEC x 1 CPU) is kept in the same split: 37.5 ms user,
+    # 12.5 ms system. The next 10 s it burns 4 s: busy +4.05 s (user 3.0375 s, system
+    # 1.0125 s), idle +5.95 s.
+    clock.advance(CpuUsage(26_000_000, 8_000_000, "cpu.stat"), 1, 1020.0, 80.0)
+    assert cpu_lines(1, clock)[0][1][:4] == [1853, 0, 551, 5595]
 
 
 @settings(max_examples=100, deadline=None)

@@ -184,6 +184,8 @@ def test_stat_reads_cpu_counters_now_within_the_cache_ttl(copy_fixture):
     user = int(stat["user_usec"]) + 1_500_000      # 1.5 s more user time: 150 ticks
     (pod / "cpu.stat").write_text("".join(
         f"{k} {user if k == 'user_usec' else v}\n" for k, v in stat.items()))
+    # 2 s later (1 CPU: at most 200 ticks of busy time in them).
+    (root / "proc/uptime").write_text("356514.43 1401203.77\n")
     assert busy() - before == 150
 
 
@@ -261,3 +263,99 @@ def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
     ops.open("/proc/uptime", other)                     # no LOOKUP before it: rendered at
     assert ops.read("/proc/uptime", 65536, 0, other) == b"z" * 10   # its first read
     assert ops.getattr("/proc/meminfo")["st_size"] == PAGE   # never 0: sendfile reads it
+
+
+POD = ("sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/"
+       "kubepods-burstable-poda5d4fbc7_30d6_43e8_8425_8ee6f401decc.slice")
+LEAF = (f"{POD}/cri-containerd-"
+        "a991eb3b64a228cb0b269925127c28cb39d482d27c6248540e0e3b41633a907e.scope")
+
+
+def cpu_fields(srv: ViewServer) -> list[list[int]]:
+    """user, nice, system, idle of the ``cpu`` line and each ``cpuN`` line pid 7 reads."""
+    lines = srv.render("/proc/stat", 7).decode().splitlines()
+    return [[int(x) for x in ln.split()[1:5]] for ln in lines if ln.startswith("cpu")]
+
+
+def set_cpu_stat(d, user_usec: int, system_usec: int) -> None:
+    (d / "cpu.stat").write_text(f"usage_usec {user_usec + system_usec}\n"
+                                f"user_usec {user_usec}\nsystem_usec {system_usec}\n")
+
+
+def test_a_recreated_cgroup_gets_a_fresh_clock_and_idle_within_its_age(copy_fixture):
+    """The pod slice (where the quota, so the clock, sits) is removed and made again at
+    the same path while the daemon runs: its clock starts again with the new cgroup."""
+    import shutil
+
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    srv, _ = server(root, cache_ttl=0)
+    # 1 CPU (the pod's 100000/100000), init 512.43 s old, the pod burnt 2097152 + 1048576
+    # usec: busy fits, so user 209, system 104, idle 512.43 - 3.145728 s = 50928 ticks.
+    assert cpu_fields(srv) == [[209, 0, 104, 50928]] * 2
+    shutil.copytree(root / POD, root / (POD + ".new"))
+    shutil.rmtree(root / POD)
+    os.rename(root / (POD + ".new"), root / POD)       # another directory inode
+    set_cpu_stat(root / POD, 400_000, 100_000)
+    # The new pod's only process is a shell started at 356610.00 s (init lives elsewhere).
+    (root / "proc/1/cgroup").write_text("0::/\n")
+    (root / LEAF / "cgroup.procs").write_text("7\n")
+    stat7 = (root / "proc/7/stat").read_text()
+    (root / "proc/7/stat").write_text(stat7.replace(" 35601000 ", " 35661000 "))
+    (root / "proc/uptime").write_text("356612.43 1401203.77\n")
+    # Age 2.43 s, 0.5 s burnt: user 40, system 10, idle 2.43 - 0.5 = 1.93 s. Carried
+    # over, the old clock held busy at 313 ticks and idle at 609 s against an age of 2.43.
+    assert cpu_fields(srv) == [[40, 0, 10, 193]] * 2
+    assert srv.render("/proc/uptime", 7) == b"2.43 1.93\n"
+    # One second later 0.8 s more: busy +80 ticks, idle +20, from its first second.
+    set_cpu_stat(root / POD, 1_000_000, 300_000)
+    (root / "proc/uptime").write_text("356613.43 1401203.77\n")
+    assert cpu_fields(srv) == [[100, 0, 30, 213]] * 2
+    assert srv.render("/proc/uptime", 7) == b"3.43 2.13\n"
+
+
+@pytest.mark.parametrize(("cpu_max", "counter", "start", "after"), [
+    # A 2-CPU quota at the pod, whose counter the clock follows: user 2097152, system
+    # 1048576 usec at first (209, 104 ticks; idle 512.43 - 3.145728 s = 50928 ticks).
+    ("200000 100000", POD, [209, 0, 104, 50928], [959, 0, 354, 50928]),
+    # No quota: the counter is the container's own, user 1957341, system 978670 usec
+    # (195, 97; idle 512.43 - 2.936011 s = 50949 ticks).
+    ("max 100000", LEAF, [195, 0, 97, 50949], [945, 0, 347, 50949]),
+])
+def test_busy_is_capped_at_the_visible_cpus_when_the_cpu_cgroup_is_wider(
+        copy_fixture, cpu_max, counter, start, after):
+    """A 1-CPU cpuset under a cpu cgroup that burns 2 CPUs (a pod whose other container
+    runs on another CPU): 10 s later the counter has moved 15 s user + 5 s system, but
+    one CPU gives 10 s at most: busy +10 s in the same 3:1 split (+750 user, +250 system
+    ticks, from the usec sums), idle +0, and uptime's idle stays 509.28 or 509.49 s."""
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    (root / POD / "cpu.max").write_text(cpu_max + "\n")
+    (root / LEAF / "cpuset.cpus.effective").write_text("0\n")
+    srv, _ = server(root, cache_ttl=0)
+    assert cpu_fields(srv) == [start] * 2
+    idle = srv.render("/proc/uptime", 7).split()[1]
+    text = (root / counter / "cpu.stat").read_text().split()
+    user, system = int(text[text.index("user_usec") + 1]), int(text[text.index("system_usec") + 1])
+    set_cpu_stat(root / counter, user + 15_000_000, system + 5_000_000)
+    (root / "proc/uptime").write_text("356522.43 1401203.77\n")
+    assert cpu_fields(srv) == [after] * 2     # was 200 ticks/s of busy on one CPU
+    assert srv.render("/proc/uptime", 7) == b"522.43 " + idle + b"\n"
+
+
+def test_a_cgroup_directory_that_cannot_be_looked_at_is_no_new_container(copy_fixture,
+                                                                          monkeypatch):
+    """A stat of the pod's directory that fails (gone between the snapshot and the stat)
+    says nothing of a new container: the clock carries on rather than start again."""
+    from guestfs.sources import usage
+
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    # The pod burnt 600 s before its 512.43 s old init: the clock starts "since the view
+    # began": busy 0, idle 512.43 s.
+    set_cpu_stat(root / POD, 600_000_000, 0)
+    srv, _ = server(root, cache_ttl=0)
+    assert cpu_fields(srv) == [[0, 0, 0, 51243]] * 2
+    monkeypatch.setattr(usage, "level_stat", lambda host, level: None)
+    set_cpu_stat(root / POD, 600_500_000, 0)
+    (root / "proc/uptime").write_text("356513.43 1401203.77\n")
+    # 1 s later, 0.5 s more user time: +50 user ticks, +50 idle. A fresh clock would
+    # have started again: busy 0, idle 513.43 s.
+    assert cpu_fields(srv) == [[50, 0, 0, 51293]] * 2

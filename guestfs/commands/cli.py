@@ -93,7 +93,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 SHOW_EPILOG = """\
 /proc/loadavg: the daemon averages the container's runnable and uninterruptible tasks
 every 5 s; show takes a single sample and prints it as all three averages.
-/proc/stat: show starts from fresh counters; a mount keeps them monotonic between reads.
+/proc/stat: show starts from fresh counters; a mount keeps them monotonic between reads
+while the cgroup lives (one made again at the same path starts a fresh clock).
 """
 
 

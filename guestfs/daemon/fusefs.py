@@ -31,14 +31,23 @@ from types import ModuleType
 from typing import Any
 
 from guestfs.daemon.daemon_status import STATUS_PATH
+from guestfs.daemon.kernel_entries import EntryDropper
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
 from guestfs.daemon.server import UnseenReader, ViewServer
 from guestfs.render.files import SERVED_FILES
-from guestfs.sources.containerdirs import BadKey, cgroup_exists, path_of_key
+from guestfs.sources.containerdirs import BadKey, cgroup_exists, existing_cgroups, path_of_key
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 SIZED_ENTRIES = 4096
+# A per-container directory whose cgroup is gone keeps its last good numbers (counted as
+# a fallback) this long, for a reader that outlives its container by a moment; then it is
+# forgotten (ENOENT). At most MAX_VANISHED of them are kept, the longest gone forgotten
+# first: each kept ~45 KB (its files' renderings, view, clock), and a node that removed
+# thousands of short jobs' cgroups grew the DaemonSet's daemon past its 128Mi
+# (tests/test_real_vanished_memory.py prints the cost of each).
+VANISHED_GRACE = 30.0
+MAX_VANISHED = 64
 LAYOUTS = ("per-caller", "fixed", "per-container")
 # How long the kernel may keep a page-cached file's attributes (and so its pages) before
 # it asks again: one GETATTR per file per 10 ms at most, whoever reads. Files rendered per
@@ -146,6 +155,13 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             self.generations = Generations()
             self._config: Any = None
             self._known: dict[str, str] = {}   # per-container: key -> cgroup path
+            self._gone: dict[str, float] = {}  # key -> when its cgroup was first seen gone
+            self._dropper = EntryDropper(fuse)
+            # Vanished containers forgotten, and of those whose kernel entry was dropped.
+            self.vanished = Counter(forgotten=0, entries_dropped=0)
+            if per_container:
+                server.serving["vanished"] = self.vanished
+                server.periodic.append(self.forget_vanished)
             self.layout = layout
             # FUSE requests that reached Python, by kind (the status file shows them; a
             # page-cached read must add none). Every key exists from the start: the status
@@ -177,6 +193,8 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
         def _configure(self, conn: Any, config: Any) -> None:
             # libfuse3 says here what the kernel's FUSE client offers (libfuse2 gives no
             # config: the page cache path is not taken there).
+            if per_container:
+                self._dropper.capture()
             if config is None or layout == "per-caller":
                 return
             self._config = config
@@ -200,6 +218,36 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             if self._config is not None:
                 self._config.attr_timeout = direct_timeout
             log.warning("%s: serving every read through the daemon (direct_io)", why)
+
+        # ------------------------------------------------------------ vanished containers
+
+        def forget_vanished(self, now: float | None = None) -> None:
+            """Mark the containers whose cgroup is gone and forget those gone for longer
+            than VANISHED_GRACE, and the longest gone beyond MAX_VANISHED (run every 5 s
+            by the server's sampler). A cgroup made again in time is served on."""
+            now = time.monotonic() if now is None else now
+            known = list(self._known.items())
+            alive = existing_cgroups(server.host, [cg for _, cg in known])
+            for key, cgroup in known:
+                if cgroup in alive:
+                    self._gone.pop(key, None)
+                else:
+                    self._gone.setdefault(key, now)
+            by_age = sorted(self._gone, key=self._gone.__getitem__)
+            excess = max(0, len(by_age) - MAX_VANISHED)
+            for i, key in enumerate(by_age):
+                if i < excess or now - self._gone[key] >= VANISHED_GRACE:
+                    self._forget(key)
+
+        def _forget(self, key: str) -> None:
+            self._gone.pop(key, None)
+            cgroup = self._known.pop(key, None)
+            self.generations.forget(f"/{key}{f}" for f in files)
+            if cgroup is not None:
+                server.forget(cgroup)
+            self.vanished["forgotten"] += 1
+            if self._dropper.drop(key):
+                self.vanished["entries_dropped"] += 1
 
         # ------------------------------------------------------------ paths
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -146,6 +147,14 @@ class Generations:
                                            or self._bytes > self.max_bytes):
                 self._bytes -= len(self._gens.popitem(last=False)[1].data)
             return new, False
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop the generations of ``names`` (the files of a container that is gone)."""
+        with self._lock:
+            for name in names:
+                gen = self._gens.pop(name, None)
+                if gen is not None:
+                    self._bytes -= len(gen.data)
 
     def read(self, name: str, now: float) -> Generation | None:
         with self._lock:

@@ -23,7 +23,7 @@ from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.readers import Reader, ReaderIds
 from guestfs.engine.explicit import ExplicitLimitError, ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
-from guestfs.render.files import ViewState, render_file
+from guestfs.render.files import SERVED_FILES, ViewState, render_file
 from guestfs.render.loadavg import SAMPLE_SECONDS
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup
@@ -129,6 +129,9 @@ class ViewServer:
         self.errors = 0
         # How the FUSE layer serves (layout, page cache): shown in the status file.
         self.serving: dict[str, object] = {}
+        # Run by the sampler thread every SAMPLE_SECONDS, after the load samples (the
+        # per-container layout's sweep of vanished containers).
+        self.periodic: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------ which view
 
@@ -263,6 +266,11 @@ class ViewServer:
                 view = _View(last.snap, last.lim, view.born, last.incarnation,
                              view.own_threads)
             else:
+                if view.incarnation is None and last is not None:
+                    # Its directory could not be looked at (gone between the snapshot and
+                    # the stat): not a new container, so the clock carries on.
+                    view = _View(view.snap, view.lim, view.born, last.incarnation,
+                                 view.own_threads)
                 self._count_unseen(view, key, pid)
             with self._lock:
                 self._views[key] = view
@@ -384,6 +392,18 @@ class ViewServer:
                              f"serving {what}")
         return last if last is not None else self.host.read_text(path).encode()
 
+    def forget(self, cgroup: str) -> None:
+        """Drop all that is kept for the view of ``cgroup`` (a per-container directory
+        whose container is gone): its views, CPU clock, load and last good renderings."""
+        key = PINNED + cgroup
+        with self._lock:
+            self._views.pop(key, None)
+            self._entries.pop(key, None)
+            self._last_view.pop(key, None)
+            for path in SERVED_FILES:
+                self._rendered.pop((key, path), None)
+                self._last_good.pop((key, path), None)
+
     def _own_threads(self) -> frozenset[str]:
         """The daemon's threads: under `guestfs run` they live in the container's cgroup,
         and the load sampler itself is running whenever it counts."""
@@ -432,6 +452,11 @@ class ViewServer:
         def loop() -> None:
             while not self._stop.wait(SAMPLE_SECONDS):
                 self.sample_loads()
+                for task in list(self.periodic):
+                    try:
+                        task()
+                    except Exception:  # noqa: BLE001 - the sampler must outlive a bad sweep
+                        log.exception("periodic task failed")
         self._sampler = threading.Thread(target=loop, name="guestfs-loadavg", daemon=True)
         self._sampler.start()
 

@@ -59,13 +59,16 @@ class ViewState:
     sampled: bool = False
 
     def follow(self, incarnation: object) -> None:
-        """A container re-created at the same cgroup path is a new container: its age and
-        load start again. The CPU clock carries on (it re-bases on the change), so a
-        reader that spans it never sees /proc/stat go backwards."""
+        """A container re-created at the same cgroup path is a new container: its age,
+        load and CPU clock start again, as after a boot. A clock carried over would hold
+        its busy time until the new cgroup's counter passed the old one's and keep the old
+        idle time against the new age (idle > age x N in /proc/uptime); tools that divide
+        deltas (top, vmstat, a Prometheus rate()) take the one decrease as a restart."""
         if incarnation != self.incarnation:
             self.incarnation = incarnation
             self.age = None
             self.load = None
+            self.clock = CpuClock()
 
 
 def host_uptime(host: HostRoot) -> float:
@@ -113,8 +116,7 @@ def _tick_clock(ctx: RenderContext, up: float | None = None) -> None:
         # No readable CPU counter (a missing or corrupt cpu.stat): hold busy where it was
         # and let idle advance, so the file keeps the view's CPU count and its shape.
         usage = CpuUsage(*clock.busy, "held")
-    clock.advance(usage, ctx.lim.cpu_count.value, up, _age_seconds(ctx, up),
-                  ctx.state.incarnation)
+    clock.advance(usage, ctx.lim.cpu_count.value, up, _age_seconds(ctx, up))
 
 
 def _stat(ctx: RenderContext, text: str) -> str:

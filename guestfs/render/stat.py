@@ -11,11 +11,14 @@ are a clock of their own (CpuClock), owned by the daemon per view:
   age (busy <= age x N), the counters start "since the container began": busy as the
   cgroup says, idle = age x N - busy. Otherwise the history belongs to someone else and the
   counters start "since the view began": busy 0, idle = age x N.
-* Every later reading adds the cgroup's busy delta and idle = elapsed x N - busy delta
-  (never below 0), spread evenly over the N visible CPUs.
-* A new incarnation of the cgroup (another directory inode, or a counter going backwards)
-  re-bases the deltas; the served counters carry on from where they were, so no reader
-  ever sees one go backwards.
+* Every later reading adds the cgroup's busy delta, capped at elapsed x N (the most the
+  N visible CPUs can give: the counter may be read at a wider cgroup than the cpuset, a
+  pod whose quota spans other containers' CPUs), and idle = elapsed x N - that (never
+  below 0), spread evenly over the N visible CPUs.
+* A counter going backwards within one cgroup re-bases the deltas: no served counter
+  decreases. A new incarnation of the cgroup (another directory at the same path) is a
+  new container and gets a fresh clock from its owner (render.files.ViewState.follow),
+  so its busy time shows from its first reading and idle never exceeds age x N.
 
 Worked example (docs/files.md): N = 2, age 100 s, the cgroup has burnt 500 s before the
 container (more than 2 x 100): start busy 0, idle 200 s. Ten seconds later the cgroup
@@ -32,28 +35,40 @@ from guestfs.sources.usage_parsers import USER_HZ, CpuUsage, TaskCounts
 NFIELDS = 10
 USER, SYSTEM, IDLE = 0, 2, 3
 _US = 1_000_000
+# Busy time past what the CPUs could give in one interval that is served in later ones,
+# per CPU: the host uptime has a 10 ms resolution and the counter is read just after it,
+# so a fully busy CPU's delta runs a little past its interval's now and then. Beyond
+# this it is a wider cgroup's (a pod quota over other containers' CPUs): dropped.
+CARRY_USEC = 50_000
 
 
 def _spread(value: int, n: int, i: int) -> int:
     return value // n + (1 if i < value % n else 0)
 
 
+def _capped(du: int, ds: int, cap: int) -> tuple[int, int]:
+    """The busy delta (user, system) cut to ``cap`` usec, in the same proportions."""
+    if du + ds <= cap:
+        return du, ds
+    user = du * cap // (du + ds)
+    return user, cap - user
+
+
 @dataclass
 class CpuClock:
-    """The served CPU counters of one view, in microseconds (mutable, owned per view)."""
+    """The served CPU counters of one incarnation of one view, in microseconds (mutable,
+    owned per view: a new incarnation of the cgroup gets a new clock)."""
 
-    incarnation: object = None
     now: float = 0.0                      # host uptime (s) at the last reading
     busy: tuple[int, int] = (0, 0)        # the cgroup's user, system usec at that reading
     total: list[int] = field(default_factory=lambda: [0, 0, 0])  # user, system, idle
     per_cpu: dict[int, list[int]] = field(default_factory=dict)
+    carry: tuple[int, int] = (0, 0)       # user, system usec past the last cap (CARRY_USEC)
     started: bool = False
 
-    def advance(self, usage: CpuUsage, n: int, now: float, age: float,
-                incarnation: object = None) -> None:
-        """Fold in one reading: the cgroup's counters at host uptime ``now``, the
-        container's ``age`` (used by the first reading only) and the identity of the
-        container's cgroup (a change re-bases the deltas)."""
+    def advance(self, usage: CpuUsage, n: int, now: float, age: float) -> None:
+        """Fold in one reading: the cgroup's counters at host uptime ``now`` and the
+        container's ``age`` (used by the first reading only)."""
         n = max(1, n)
         user, system = usage.user_usec, usage.system_usec
         if not self.started:
@@ -64,12 +79,14 @@ class CpuClock:
             self.per_cpu = {i: [_spread(v, n, i) for v in self.total] for i in range(n)}
             self.started = True
         else:
-            backwards = user < self.busy[0] or system < self.busy[1]
-            if incarnation != self.incarnation or backwards:
-                du = ds = 0  # a new cgroup at the same path: its deltas start here
+            if user < self.busy[0] or system < self.busy[1]:
+                du = ds = 0  # reset under us (a write to cpuacct.usage): deltas start here
             else:
                 du, ds = user - self.busy[0], system - self.busy[1]
             dt = max(0.0, now - self.now)
+            want = (du + self.carry[0], ds + self.carry[1])
+            du, ds = _capped(*want, round(dt * n * _US))
+            self.carry = _capped(want[0] - du, want[1] - ds, n * CARRY_USEC)
             self.total[0] += du
             self.total[1] += ds
             self.total[2] += max(0, round(dt * n * _US) - du - ds)
@@ -79,7 +96,6 @@ class CpuClock:
                 f[0] += cu
                 f[1] += cs
                 f[2] += max(0, round(dt * _US) - cu - cs)
-        self.incarnation = incarnation
         self.now = now
         self.busy = (user, system)
 

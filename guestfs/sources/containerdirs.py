@@ -17,6 +17,7 @@ and a container whose controllers agree keeps the plain path as its key.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
 from guestfs.sources.cgroup_path import level_paths
@@ -112,14 +113,23 @@ def key_of_cgroup_text(text: str) -> str | None:
 def cgroup_exists(host: HostRoot, spec: str) -> bool:
     """Whether the main path of ``spec`` is a cgroup directory in any hierarchy the daemon
     sees: a directory is served only for a container that exists (once served, a vanished
-    one keeps its last good numbers, as every view does)."""
-    path = split_spec(spec)[0]
+    one keeps its last good numbers for a while, as every view does)."""
+    return spec in existing_cgroups(host, [spec])
+
+
+def existing_cgroups(host: HostRoot, specs: Iterable[str]) -> set[str]:
+    """The specs of ``specs`` that cgroup_exists would answer True for, with one read of
+    the mount table for all (the daemon checks every container it serves every 5 s)."""
     try:
         mounts = read_cgroup_mounts(host, "self")
     except OSError:
-        return False
-    for m in mounts:
-        levels = level_paths(m, path)
-        if levels and host.isdir(levels[0].directory):
-            return True
-    return False
+        return set()
+    found = set()
+    for spec in specs:
+        path = split_spec(spec)[0]
+        for m in mounts:
+            levels = level_paths(m, path)
+            if levels and host.isdir(levels[0].directory):
+                found.add(spec)
+                break
+    return found

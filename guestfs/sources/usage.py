@@ -106,17 +106,26 @@ def _process_level(snap: Snapshot, cgroup: str | None) -> tuple[Hierarchy, Level
     return None if level is None else (h, level)
 
 
+def _directory_identity(host: HostRoot, level: Level) -> object:
+    st = level_stat(host, level)
+    return None if st is None else (level.directory, st.st_dev, st.st_ino)
+
+
 def container_incarnation(host: HostRoot, snap: Snapshot, cgroup: str | None) -> object:
-    """Identity of the container's cgroup directory (where its processes are listed): a
-    cgroup removed and created again at the same path gets another inode."""
+    """Identity of the container's cgroup: the directories where its processes are listed
+    and where its CPU counter is read (on v1 a cpuacct hierarchy of its own). A cgroup
+    removed and created again at the same path gets another inode (kernfs numbers its
+    inodes cyclically, so a path's next directory never has its last one's). None when a
+    directory cannot be looked at now: the caller keeps the identity it had, since a new
+    one starts the container's clock again."""
     found = _process_level(snap, cgroup)
     if found is None:
         return None
-    directory = found[1].directory
-    st = level_stat(host, found[1])
-    if st is None:
-        return directory
-    return (directory, st.st_dev, st.st_ino)
+    identity = [_directory_identity(host, found[1])]
+    counter = level_for(snap.hierarchies["cpuacct"], cgroup)
+    if counter is not None and counter.directory != found[1].directory:
+        identity.append(_directory_identity(host, counter))
+    return None if None in identity else tuple(identity)
 
 
 def read_task_counts(host: HostRoot, snap: Snapshot, cgroup: str | None,
