@@ -241,6 +241,9 @@ def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
         def reader(self, pid: int) -> tuple[int, None]:
             return (pid, None)
 
+        def view_key(self, pid: int) -> str:
+            return "0::/the-readers-cgroup\n"
+
     class FuseOSError(OSError):
         def __init__(self, errno: int) -> None:
             super().__init__(errno, "")
@@ -359,3 +362,25 @@ def test_a_cgroup_directory_that_cannot_be_looked_at_is_no_new_container(copy_fi
     # 1 s later, 0.5 s more user time: +50 user ticks, +50 idle. A fresh clock would
     # have started again: busy 0, idle 513.43 s.
     assert cpu_fields(srv) == [[50, 0, 0, 51293]] * 2
+
+
+def test_a_young_cgroups_view_is_used_once_never_cached(copy_fixture, monkeypatch):
+    """runc makes a container's cgroup, lets its init bind our files (whose sizes we render
+    for), and only then writes the limits: a view of a cgroup younger than YOUNG must not
+    be kept for a TTL, or the app's first reads get the limits of before."""
+    from guestfs.daemon import server as server_mod
+
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    pod = root / ("sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/"
+                  "kubepods-burstable-poda5d4fbc7_30d6_43e8_8425_8ee6f401decc.slice")
+    monkeypatch.setattr(server_mod, "YOUNG", 3600.0)   # every cgroup here is young
+    srv, _ = server(root, cache_ttl=60)
+    assert meminfo_kb(srv.render("/proc/meminfo", 7).decode())["MemTotal"] == 524288
+    (pod / "memory.max").write_text(f"{256 << 20}\n")
+    assert meminfo_kb(srv.render("/proc/meminfo", 7).decode())["MemTotal"] == 256 * 1024
+    monkeypatch.setattr(server_mod, "YOUNG", 0.0)      # and now none is
+    srv2, _ = server(root, cache_ttl=60)
+    assert meminfo_kb(srv2.render("/proc/meminfo", 7).decode())["MemTotal"] == 256 * 1024
+    (pod / "memory.max").write_text(f"{512 << 20}\n")
+    # Cached for the TTL, as any view of a grown-up cgroup is.
+    assert meminfo_kb(srv2.render("/proc/meminfo", 7).decode())["MemTotal"] == 256 * 1024

@@ -147,7 +147,10 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             # file for the asking reader and reports that rendering's size (reported_size);
             # the open that follows in the same thread takes it, so what is read is what
             # was sized.
-            self._sized: dict[tuple[object, str], bytes] = {}
+            # (reader, path) -> (rendering, its view key): an open takes it only while the
+            # reader's view is still that one (runc's init sizes the files it binds while
+            # still in runc's cgroup, then moves and execs the app under the same pid).
+            self._sized: dict[tuple[object, str], tuple[bytes, str | None]] = {}
             self._sized_lock = threading.Lock()
             # The page cache path: decided in init (it needs libfuse3's config) and
             # turned off again if the FUSE client does not honour no_open (probe).
@@ -320,10 +323,11 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
                 return b""
             ops.calls["render"] += 1
             who = server.reader(pid)
+            key = server.view_key(pid) if cgroup is None else cgroup
             with self._sized_lock:
                 if len(self._sized) >= SIZED_ENTRIES:  # stat()s never followed by an open
                     self._sized.pop(next(iter(self._sized)))
-                self._sized[(who, path)] = data
+                self._sized[(who, path)] = (data, key)
             return data
 
         def _current(self, path: str, cgroup: str | None, sub: str) -> Generation:
@@ -373,11 +377,13 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             # reported_size says how they get one whole rendering).
             fi.direct_io = 1
             fi.fh = next(self._next)
-            who = server.reader(fuse.fuse_get_context()[2])
+            pid = fuse.fuse_get_context()[2]
+            who = server.reader(pid)
             with self._sized_lock:
-                data = self._sized.pop((who, path), None)
-            if data is not None:  # the rendering this open's GETATTR reported the size of
-                self._per_handle.put(fi.fh, data, unread=True)
+                sized = self._sized.pop((who, path), None)
+            if sized is not None and (cgroup is not None or sized[1] == server.view_key(pid)):
+                # The rendering this open's GETATTR reported the size of.
+                self._per_handle.put(fi.fh, sized[0], unread=True)
             return 0
 
         def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:

@@ -36,6 +36,7 @@ from guestfs.sources.snapshot import (
 )
 from guestfs.sources.timens import read_boottime_offset
 from guestfs.sources.usage import (
+    cgroup_age,
     container_incarnation,
     pidns_init,
     read_start_ticks,
@@ -54,6 +55,8 @@ UNCACHED = frozenset({"/proc/uptime", "/proc/stat"})
 PINNED = "cgroup:"
 FAST_ENTRIES = 16384
 MAX_CAUSES = 256
+YOUNG = 0.25  # seconds: a cgroup younger than this may not have its limits written yet (runc
+# writes them milliseconds after its init has made its mounts)
 class UnseenReader(PermissionError):
     """The reader is not visible to the daemon (another pid namespace, or a /proc that is
     not the daemon's): a per-caller view cannot know its cgroup, so the read is refused
@@ -83,6 +86,11 @@ class _View:
     own_threads: frozenset[str] = frozenset()
     # Readings its renders share while it is cached (the container's thread states).
     memo: dict[str, object] = field(default_factory=dict, compare=False)
+    # Its cgroup was made less than YOUNG seconds ago: runc makes a container's cgroup,
+    # lets its init mount the container's files (binds of ours ask for their sizes, so we
+    # render), and writes the limits only after that. Such a view is used once, never
+    # cached: kept for a TTL, the app's first reads (a JVM sizing its heap) got the node's.
+    young: bool = False
 
 
 @dataclass
@@ -120,8 +128,9 @@ class ViewServer:
         self.fallbacks: Counter[str] = Counter()
         self._explicit_now, self._explicit_until = config.explicit, time.monotonic() + ttl
         self.refusals: Counter[str] = Counter()   # unseen readers, by cause
-        # The hot path: (reader, path) -> (deadline, bytes), a plain dict read without a lock.
-        self._fast: dict[tuple[Reader, str], tuple[float, bytes]] = {}
+        # The hot path: (reader, path) -> (deadline, bytes, view key), a plain dict read
+        # without a lock; a hit holds while the reader's cgroups are still the key's.
+        self._fast: dict[tuple[Reader, str], tuple[float, bytes, str]] = {}
         self._proc_is_ours = self._check_proc()
         self._reader_ids = ReaderIds(self.start_time, host.root in ("", "/"))
         self._stop = threading.Event()
@@ -195,7 +204,11 @@ class ViewServer:
         who = who if who is not None else self.reader(pid)
         with self._lock:
             hit = self._pid_keys.get(who)
-        if hit is not None:
+        # A hit is checked against the cgroup file, one small read: a process can change
+        # cgroup under one pid and start time (runc's init is made in runc's own cgroup and
+        # moved, and the FUSE binds it makes ask for the files' sizes before the move), and
+        # a key cached from before would serve it the node's view for a whole TTL.
+        if hit is not None and self.host.try_read_small(f"/proc/{hit[1]}/cgroup") == hit[0]:
             return hit
         for cand in self._candidates(pid):
             text = self.host.try_read_small(f"/proc/{cand}/cgroup")
@@ -226,8 +239,9 @@ class ViewServer:
         born = time.monotonic()
         snap = snapshot_of(self.host, memberships, pid)
         lim = effective_limits(snap, self._explicit(), self.config.cpu_rounding)
+        age = cgroup_age(self.host, snap)
         return _View(snap, lim, born, container_incarnation(self.host, snap, lim.cpu_cgroup),
-                     self._own_threads())
+                     self._own_threads(), young=age is not None and age < YOUNG)
 
     def _explicit(self) -> ExplicitLimits:
         """The explicit limits now: the downward API's files as kubelet last wrote them,
@@ -264,16 +278,17 @@ class ViewServer:
                 self._count_fallback(f"cgroup data lost ({', '.join(lost)})", key,
                                      "keeping the view's last good limits")
                 view = _View(last.snap, last.lim, view.born, last.incarnation,
-                             view.own_threads)
+                             view.own_threads, young=view.young)
             else:
                 if view.incarnation is None and last is not None:
                     # Its directory could not be looked at (gone between the snapshot and
                     # the stat): not a new container, so the clock carries on.
                     view = _View(view.snap, view.lim, view.born, last.incarnation,
-                                 view.own_threads)
+                                 view.own_threads, young=view.young)
                 self._count_unseen(view, key, pid)
             with self._lock:
-                self._views[key] = view
+                if not view.young:
+                    self._views[key] = view
                 self._last_view[key] = view
         return view
 
@@ -338,14 +353,31 @@ class ViewServer:
             return self._render(path, pid, (pid, None), (PINNED + cgroup, "self"))
         who = self.reader(pid)
         hit = self._fast.get((who, path))
-        if hit is not None and time.monotonic() < hit[0]:
-            return hit
+        if hit is not None and time.monotonic() < hit[0] and self._same_cgroups(pid, who, hit[2]):
+            return hit[0], hit[1]
         deadline, data = self._render(path, pid, who)
-        if path not in UNCACHED and self.config.cache_ttl > 0:
+        if path not in UNCACHED and self.config.cache_ttl > 0 and deadline > time.monotonic():
             if len(self._fast) > FAST_ENTRIES:
                 self._fast.clear()
-            self._fast[(who, path)] = (deadline, data)
+            with self._lock:
+                key = self._pid_keys.get(who)
+            if key is not None:
+                self._fast[(who, path)] = (deadline, data, key[0])
         return deadline, data
+
+    def view_key(self, pid: int) -> str | None:
+        """The key of the view reader ``pid`` gets now (its cgroups, checked against its
+        cgroup file); None for a reader refused or gone."""
+        try:
+            return self.key_for(pid)[0]
+        except Exception:  # noqa: BLE001 - refused, gone or unreadable: no key
+            return None
+
+    def _same_cgroups(self, pid: int, who: Reader, key: str) -> bool:
+        try:
+            return self.key_for(pid, who)[0] == key
+        except Exception:  # noqa: BLE001 - a reader gone or refused: not a hit
+            return False
 
     def _render(self, path: str, pid: int, who: Reader,
                 pinned: tuple[str, str] | None = None) -> tuple[float, bytes]:
@@ -372,10 +404,11 @@ class ViewServer:
                 offset = read_boottime_offset(self.host, pid) if path == "/proc/stat" else 0
                 data = render_file(path, self.host, view.snap, view.lim, entry.state,
                                    view.own_threads, view.memo, offset).encode()
-            due = time.monotonic() if path in UNCACHED else view.born + self.config.cache_ttl
+            fresh_only = path in UNCACHED or view.young
+            due = time.monotonic() if fresh_only else view.born + self.config.cache_ttl
             out = (due, data)
             with self._lock:
-                if path not in UNCACHED:
+                if not fresh_only:
                     self._rendered[(key, path)] = out
                 self._last_good[(key, path)] = data
             return out

@@ -128,6 +128,17 @@ def container_incarnation(host: HostRoot, snap: Snapshot, cgroup: str | None) ->
     return None if None in identity else tuple(identity)
 
 
+def cgroup_age(host: HostRoot, snap: Snapshot) -> float | None:
+    """Seconds since the directory of the cgroup whose memory limit a view reads (else its
+    cpu one) was made, by its ctime; None where it cannot be looked at."""
+    for name in ("memory", "cpu"):
+        levels = snap.hierarchies[name].levels
+        if levels:
+            st = level_stat(host, levels[0])
+            return None if st is None else max(0.0, time.time() - st.st_ctime)
+    return None
+
+
 def read_task_counts(host: HostRoot, snap: Snapshot, cgroup: str | None,
                      exclude: frozenset[str] = frozenset()) -> TaskCounts | None:
     """Thread states of the container; ``exclude``: threads never counted (the daemon's
