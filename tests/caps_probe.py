@@ -33,7 +33,18 @@ def daemons() -> list[str]:
             continue
         if len(argv) > 3 and argv[2].endswith(b"/_boot.py") and argv[3] == b"mount":
             found.append(pid)
-    return found
+    # A daemon's forked child (its mount probe) shows the daemon's command line for the
+    # moment it lives: not a daemon of its own.
+    parents = {pid: parent_of(pid) for pid in found}
+    return [pid for pid, ppid in parents.items() if ppid is not None and ppid not in parents]
+
+
+def parent_of(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(ln.split()[1] for ln in f if ln.startswith("PPid:"))
+    except (OSError, StopIteration):
+        return None   # gone meanwhile: a probe that has finished
 
 
 def mounts() -> dict[str, str]:
