@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,13 +100,26 @@ def test_ctrl_c_leaves_the_daemon_serving_until_the_app_has_exited(mp):
         assert not is_guestfs_mount(str(mp))
 
 
-def test_kill_9_of_run_takes_its_daemon_and_mount_with_it(mp):
-    with started_run(mp, "sleep", "600") as run:
-        assert is_guestfs_mount(str(mp))
+READS_FOREVER = "while :; do head -1 /proc/meminfo; sleep 0.1; done"
+
+
+def test_kill_9_of_run_leaves_the_app_served_until_its_last_process_exits(mp):
+    """run killed with -9 (or OOM-killed): the app lives on, and so do its files, for as
+    long as any of its processes does (they hold the mount's users lock); then the daemon
+    unmounts and exits on its own, leaving nothing behind. Before, the daemon went with
+    run and the app read "Transport endpoint is not connected"."""
+    with started_run(mp, "sh", "-c", READS_FOREVER, opts=("--memory-limit", "256Mi")) as run:
+        assert run.stdout is not None
+        assert run.stdout.readline() == "MemTotal:         262144 kB\n"
         daemon = daemon_of(run.pid)
+        app = next(p for p in psutil.Process(run.pid).children() if p.name() == "sh")
         os.kill(run.pid, signal.SIGKILL)
         run.wait(10)
-        # Poll: the daemon notices, unmounts and exits on its own.
+        time.sleep(2)                       # the daemon's users check runs every 0.25 s
+        seen = [run.stdout.readline() for _ in range(10)]
+        assert seen == ["MemTotal:         262144 kB\n"] * 10, seen
+        assert daemon.is_running() and is_guestfs_mount(str(mp))
+        app.kill()
         assert wait_for(lambda: gone(daemon), 20), daemon.cmdline()
         assert wait_for(lambda: not os.path.ismount(mp), 10)
         assert not is_guestfs_mount(str(mp))

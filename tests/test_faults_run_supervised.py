@@ -290,22 +290,28 @@ def test_kill_9_of_a_shared_daemon_heals_every_run(tmp_path, apps):
 
 
 def test_kill_9_of_the_run_that_started_a_shared_daemon(tmp_path, apps):
-    """The daemon lives while any run uses it, not while its parent does: the second run
-    keeps being served, with no failed read; and once that one is gone too (here also
-    killed with -9, so nothing of run's own cleanup runs) the daemon unmounts and exits,
-    since the kernel released both runs' users locks."""
+    """The daemon lives while any run or any of its apps uses it, not while its parent
+    does: the second run keeps being served, with no failed read; and once both runs are
+    gone (killed with -9, so nothing of run's own cleanup runs) and their apps too, the
+    daemon unmounts and exits, since the kernel released every users lock."""
     mp, started = apps
     first = start_app(tmp_path, mp, started, "first")
     second = start_app(tmp_path, mp, started, "second")
     (daemon,) = first.daemons()
+    readers = [psutil.Process(first.reader_pid()), psutil.Process(second.reader_pid())]
     first.proc.kill()
     first.proc.wait()
     killed_at = time.monotonic()
     assert wait_for(lambda: len([t for t, _ in second.reads() if t > killed_at + 2]) >= 10, 30)
     assert {seen for _, seen in second.reads()} == {str(LIMIT_KB)}, second.reads()[-5:]
+    assert {seen for _, seen in first.reads()} == {str(LIMIT_KB)}, first.reads()[-5:]
     assert daemon.is_running() and all_daemons(mp) == [daemon]
     second.proc.kill()
     second.proc.wait()
+    time.sleep(1)   # the apps, run's no more, still hold the mount: it stays
+    assert daemon.is_running()
+    for r in readers:
+        r.kill()
     assert wait_for(lambda: not daemon.is_running(), RECOVERY_S)
     assert not is_guestfs_mount(mp) and not sysmount.is_stale_mount(mp)
 

@@ -4,6 +4,7 @@ over their /proc and /sys counterparts; the filesystem is mounted first, or reus
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import select
@@ -196,13 +197,25 @@ class Materialized:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def share_users_lock(users_fd: int) -> None:
+    """Give the app a shared hold of the mount's users lock of its own, inherited across
+    exec by everything it starts: the daemon (--exit-when-unused) serves while any holder
+    lives, so the app's files keep serving if run itself is killed (-9, an OOM kill), until
+    the app's last process is gone. A fresh read-only open (not run's descriptor): the app
+    gets nothing it could write to."""
+    fd = os.open(f"/proc/self/fd/{users_fd}", os.O_RDONLY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)   # run holds it shared: never blocks
+    os.set_inheritable(fd, True)
+
+
 def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
            seccomp: tuple[socket.socket, Interception, ListenerGuard] | None,
-           space: RunSpace) -> None:
+           space: RunSpace, users_fd: int) -> None:
     try:
         sysmount.unshare_mount_namespace()
         for src, dst in binds:
             sysmount.bind(src, dst)
+        share_users_lock(users_fd)   # before the private space (its lock dir) is hidden
         runspace.hide_from_app(space)
         if seccomp is not None:
             hand_over_listener(*seccomp)   # before prepare_app drops CAP_SYS_ADMIN
@@ -282,7 +295,7 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
             if pair is not None:
                 pair[0].close()
             _child(binds, cmd, app, (pair[1], what, guard) if pair and guard else None,
-                   space)
+                   space, users)
         # First: a Ctrl-C from here on is the app's, not ours.
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
