@@ -147,3 +147,16 @@ def test_oom_in_a_64mib_cgroup_kills_the_app_not_the_daemon_or_run(mp):
     lines = out.stdout.splitlines()
     assert lines[0] == "first=137", out.stdout  # an app process was the first one killed
     assert lines[-1] == "MemTotal:          65536 kB", out.stderr  # the daemon still serves
+
+
+def test_run_on_a_per_container_mount_refuses_at_once_in_one_line():
+    """A per-container mount has no MP/proc: run waited 30 s for one, then blamed an
+    empty file."""
+    from tests.fusemount import mounted
+
+    with private_mountpoint() as mp, mounted(str(mp), "--per-container"):
+        out = subprocess.run([GUESTFS, "run", "--mountpoint", str(mp), "--", "true"],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is a per-container mount" in lines[0], out.stderr

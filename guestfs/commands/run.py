@@ -114,9 +114,16 @@ def check_reused_view(mp: str) -> None:
     from guestfs.daemon.daemon_status import read_status
 
     try:
-        theirs = read_status(mp).get("self_cgroup")
+        status = read_status(mp)
     except OSError as e:
         raise RunError(f"{mp}: cannot read the serving daemon's status: {e}") from e
+    if status.get("layout") == "per-container":
+        # Its files are under MP/<key>/: nothing at MP/proc to bind (run waited 30 s for
+        # one, then blamed an empty file).
+        raise RunError(f"{mp} is a per-container mount (MP/<key>/proc/...): give this run a "
+                       "--mountpoint of its own, or bind a container's directory with "
+                       "guestfs attach")
+    theirs = status.get("self_cgroup")
     if theirs is None:
         return   # a per-caller or pinned view: every reader gets what it should
     with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
