@@ -301,3 +301,25 @@ def test_a_seccomp_agent_socket_in_a_missing_directory_is_refused(tmp_path):
                   "--source", str(tmp_path), timeout=30)
     one_line_error(out, "does not exist")
     assert not (tmp_path / "a").exists()
+
+
+def test_a_fuse_device_this_user_may_not_open_is_named_with_its_mode(tmp_path):
+    """What a user without access to /dev/fuse gets: its mode and owner, and the fix, not a
+    lock directory's complaint or libfuse's "fuse: device not found" (run as nobody with
+    Debian's python3 and this checkout's venv packages on the path)."""
+    import stat as stat_mod
+
+    st = os.stat("/dev/fuse")
+    if st.st_mode & 0o006 == 0o006:
+        pytest.skip("/dev/fuse is open to every user here: nothing to refuse")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent),
+         *[p for p in sys.path if p.endswith("site-packages")]])}
+    os.chmod(tmp_path, 0o777)
+    out = subprocess.run(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY),
+                          "--clear-groups", "/usr/bin/python3", "-B",
+                          "-m", "guestfs", "mount", str(tmp_path / "m")],
+                         capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    line = one_line_error(out, "/dev/fuse cannot be opened by uid 65534",
+                          stat_mod.filemode(st.st_mode))
+    assert "run as root" in line

@@ -12,6 +12,7 @@ import errno
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -246,8 +247,17 @@ def check_fuse_device(path: str = FUSE_DEVICE) -> None:
                          "device plugin, or privileged; docker/podman: --device "
                          "/dev/fuse)") from None
     except PermissionError as e:
-        raise MountError(f"{path} cannot be opened ({e.strerror}): the device cgroup or "
-                         "its mode forbids it; a hostPath /dev/fuse is not enough in a "
+        try:
+            st = os.stat(path)
+            mode = f"mode {stat.filemode(st.st_mode)}, owner uid {st.st_uid}"
+        except OSError:
+            mode = "mode unknown"
+        if os.geteuid() != 0 and not os.access(path, os.R_OK | os.W_OK):
+            raise MountError(f"{path} cannot be opened by uid {os.geteuid()} ({mode}): run "
+                             "as root, or make it readable and writable by this user "
+                             "(udev's default is 0666)") from None
+        raise MountError(f"{path} cannot be opened ({e.strerror}, {mode}): the device "
+                         "cgroup forbids it; a hostPath /dev/fuse is not enough in a "
                          "non-privileged container, request the FUSE device plugin's "
                          "resource (squat.ai/fuse) or --device /dev/fuse") from None
     except OSError as e:
