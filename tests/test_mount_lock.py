@@ -201,3 +201,17 @@ def test_a_second_mount_over_a_stopped_daemon_fails_instead_of_hanging(tmp_path)
         os.kill(daemon, signal.SIGTERM)
         assert wait_for(lambda: _mount_entries(mp) == 0, 30)
         force_unmount(mp)
+
+
+def test_a_users_locks_are_its_own(monkeypatch, tmp_path):
+    """Non-root, the node's /run/guestfs-locks is not writable (mount blamed it): a user's
+    locks go in its runtime directory, else a directory of its uid under /tmp."""
+    from guestfs.commands import mountlock
+
+    monkeypatch.setattr(mountlock.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert mountlock.default_lock_dir() == str(tmp_path / "guestfs-locks")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert mountlock.default_lock_dir() == "/tmp/guestfs-locks-1000"
+    monkeypatch.setattr(mountlock.os, "geteuid", lambda: 0)
+    assert mountlock.default_lock_dir() == "/run/guestfs-locks"

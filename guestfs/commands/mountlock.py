@@ -37,7 +37,19 @@ except ImportError:
     except ImportError:  # a build without them
         from hashlib import sha256
 
-LOCK_DIR = "/run/guestfs-locks"
+def default_lock_dir() -> str:
+    """root's locks are the node's (/run/guestfs-locks, shared by a DaemonSet's pods); a
+    user's are its own: its runtime directory, else a directory of its uid under /tmp
+    (open_lock_dir refuses one that another user made first)."""
+    if os.geteuid() == 0:
+        return "/run/guestfs-locks"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
+        return os.path.join(runtime, "guestfs-locks")
+    return f"/tmp/guestfs-locks-{os.geteuid()}"
+
+
+LOCK_DIR = default_lock_dir()
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 
 
