@@ -364,15 +364,16 @@ def test_a_cgroup_directory_that_cannot_be_looked_at_is_no_new_container(copy_fi
     assert cpu_fields(srv) == [[50, 0, 0, 51293]] * 2
 
 
-def test_a_young_cgroups_view_is_used_once_never_cached(copy_fixture, monkeypatch):
+def test_a_young_cgroups_view_is_checked_against_its_limit_files(copy_fixture, monkeypatch):
     """runc makes a container's cgroup, lets its init bind our files (whose sizes we render
-    for), and only then writes the limits: a view of a cgroup younger than YOUNG must not
-    be kept for a TTL, or the app's first reads get the limits of before."""
+    for), and only then writes the limits into it: a view of a cgroup younger than YOUNG
+    must not be kept for a TTL as it was, or the app's first reads get the limits of
+    before."""
     from guestfs.daemon import server as server_mod
 
     root = copy_fixture("k8s-systemd-v2-burstable")
-    pod = root / ("sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/"
-                  "kubepods-burstable-poda5d4fbc7_30d6_43e8_8425_8ee6f401decc.slice")
+    text = (root / "proc/7/cgroup").read_text()
+    pod = root / "sys/fs/cgroup" / text.strip().split("::", 1)[1].lstrip("/")  # the leaf
     monkeypatch.setattr(server_mod, "YOUNG", 3600.0)   # every cgroup here is young
     srv, _ = server(root, cache_ttl=60)
     assert meminfo_kb(srv.render("/proc/meminfo", 7).decode())["MemTotal"] == 524288

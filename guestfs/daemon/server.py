@@ -31,6 +31,7 @@ from guestfs.sources.snapshot import (
     LIMIT_CONTROLLERS,
     Snapshot,
     anchors_alive,
+    level_text,
     memberships_for_path,
     snapshot_of,
 )
@@ -55,6 +56,10 @@ UNCACHED = frozenset({"/proc/uptime", "/proc/stat"})
 PINNED = "cgroup:"
 FAST_ENTRIES = 16384
 MAX_CAUSES = 256
+# The files a young view is checked against: the limits runc writes after the cgroup is made.
+LIMIT_FILES = frozenset({"memory.limit_in_bytes", "memory.max", "memory.memsw.limit_in_bytes",
+                         "memory.swap.max", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.max",
+                         "cpuset.cpus", "cpuset.effective_cpus", "cpuset.cpus.effective"})
 YOUNG = 0.25  # seconds: a cgroup younger than this may not have its limits written yet (runc
 # writes them milliseconds after its init has made its mounts)
 class UnseenReader(PermissionError):
@@ -88,8 +93,9 @@ class _View:
     memo: dict[str, object] = field(default_factory=dict, compare=False)
     # Its cgroup was made less than YOUNG seconds ago: runc makes a container's cgroup,
     # lets its init mount the container's files (binds of ours ask for their sizes, so we
-    # render), and writes the limits only after that. Such a view is used once, never
-    # cached: kept for a TTL, the app's first reads (a JVM sizing its heap) got the node's.
+    # render), and writes the limits only after that. Such a view is checked against its
+    # limit files at every use, and its renderings are not cached: kept for a TTL as it
+    # was, the app's first reads (a JVM sizing its heap) got the node's.
     young: bool = False
 
 
@@ -263,9 +269,25 @@ class ViewServer:
             self._explicit_now, self._explicit_until = current, now + self.config.cache_ttl
         return current
 
+    def _limits_unchanged(self, view: _View) -> bool:
+        """A young view still holds while its leaf's limit files read as they did when it
+        was built (a few small reads, where a rebuild reads every level's files)."""
+        for c in LIMIT_CONTROLLERS:
+            levels = view.snap.hierarchies[c].levels
+            if not levels:
+                continue
+            leaf = levels[0]
+            for name, text in leaf.files.items():
+                if name in LIMIT_FILES and text is not None and \
+                        level_text(self.host, leaf, name) != text:
+                    return False
+        return True
+
     def _view(self, key: str, pid: str) -> _View:
         with self._lock:
             view = self._views.get(key)
+        if view is not None and view.young and not self._limits_unchanged(view):
+            view = None
         if view is None:
             view = self._build_view(key, pid)
             with self._lock:
@@ -287,8 +309,7 @@ class ViewServer:
                                  view.own_threads, young=view.young)
                 self._count_unseen(view, key, pid)
             with self._lock:
-                if not view.young:
-                    self._views[key] = view
+                self._views[key] = view
                 self._last_view[key] = view
         return view
 
