@@ -62,6 +62,8 @@ LIMIT_FILES = frozenset({"memory.limit_in_bytes", "memory.max", "memory.memsw.li
                          "cpuset.cpus", "cpuset.effective_cpus", "cpuset.cpus.effective"})
 YOUNG = 0.25  # seconds: a cgroup younger than this may not have its limits written yet (runc
 # writes them milliseconds after its init has made its mounts)
+
+
 class UnseenReader(PermissionError):
     """The reader is not visible to the daemon (another pid namespace, or a /proc that is
     not the daemon's): a per-caller view cannot know its cgroup, so the read is refused
