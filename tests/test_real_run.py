@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from tests.fusemount import force_unmount, require_fuse
+from tests.fusemount import force_unmount, require_fuse, wait_for
 from tests.realcg import RealCgroup, v1_cgroup
 
 pytestmark = pytest.mark.real
@@ -73,17 +75,25 @@ def test_tools_inside_a_512mib_150000_quota_cgroup(tmp_path, cpus, n):
 def test_exit_code_and_signals_are_passed_through(tmp_path):
     require_fuse()
     mp = str(tmp_path / "mnt")
+    pidfile = tmp_path / "sleep.pid"
     try:
         out = subprocess.run([sys.executable, "-m", "guestfs", "run", "--mountpoint", mp, "--",
                               "sh", "-c", "exit 7"], capture_output=True, timeout=60)
         assert out.returncode == 7
         proc = subprocess.Popen([sys.executable, "-m", "guestfs", "run", "--mountpoint", mp,
-                                 "--", "sh", "-c", "trap 'exit 42' TERM; sleep 30 & wait"])
+                                 "--", "sh", "-c", f"trap 'exit 42' TERM; sleep 30 & echo $! "
+                                 f"> {pidfile}; wait"])
         time.sleep(3)
         proc.terminate()  # to guestfs run, which forwards it to the command
         assert proc.wait(30) == 42
-        assert not os.path.ismount(mp)  # the daemon run started is gone with it
+        # The app's background sleep outlived it: a process of the app, so its files are
+        # still served; once it is gone too, so is the daemon run started.
+        assert os.path.ismount(mp)
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        assert wait_for(lambda: not os.path.ismount(mp), 10)
     finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
         force_unmount(mp)
 
 

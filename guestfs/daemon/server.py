@@ -97,8 +97,13 @@ class _View:
     # lets its init mount the container's files (binds of ours ask for their sizes, so we
     # render), and writes the limits only after that. Such a view is checked against its
     # limit files at every use, and its renderings are not cached: kept for a TTL as it
-    # was, the app's first reads (a JVM sizing its heap) got the node's.
-    young: bool = False
+    # was, the app's first reads (a JVM sizing its heap) got the node's. Young until this
+    # moment (time.monotonic()): a view cached for a TTL grows up while it is cached.
+    young_until: float = 0.0
+
+    @property
+    def young(self) -> bool:
+        return time.monotonic() < self.young_until
 
 
 @dataclass
@@ -249,7 +254,8 @@ class ViewServer:
         lim = effective_limits(snap, self._explicit(), self.config.cpu_rounding)
         age = cgroup_age(self.host, snap)
         return _View(snap, lim, born, container_incarnation(self.host, snap, lim.cpu_cgroup),
-                     self._own_threads(), young=age is not None and age < YOUNG)
+                     self._own_threads(),
+                     young_until=born + YOUNG - age if age is not None and age < YOUNG else 0.0)
 
     def _explicit(self) -> ExplicitLimits:
         """The explicit limits now: the downward API's files as kubelet last wrote them,
@@ -302,13 +308,13 @@ class ViewServer:
                 self._count_fallback(f"cgroup data lost ({', '.join(lost)})", key,
                                      "keeping the view's last good limits")
                 view = _View(last.snap, last.lim, view.born, last.incarnation,
-                             view.own_threads, young=view.young)
+                             view.own_threads, young_until=view.young_until)
             else:
                 if view.incarnation is None and last is not None:
                     # Its directory could not be looked at (gone between the snapshot and
                     # the stat): not a new container, so the clock carries on.
                     view = _View(view.snap, view.lim, view.born, last.incarnation,
-                                 view.own_threads, young=view.young)
+                                 view.own_threads, young_until=view.young_until)
                 self._count_unseen(view, key, pid)
             with self._lock:
                 self._views[key] = view
