@@ -40,6 +40,15 @@ def copy_fixture(tmp_path: Path):
     return make
 
 
+def pytest_collection_modifyitems(config, items):
+    """The CRI tests last: their gRPC client keeps threads for the rest of the session,
+    and grpc's fork handlers start threads in every child forked afterwards, where the
+    other tests' children must be single-threaded (setns into a mount namespace fails with
+    EINVAL in a threaded process; with the handlers off, a child may inherit a lock a grpc
+    thread held)."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/cri/"))
+
+
 @pytest.fixture(scope="session")
 def cri_node_session():
     """One private containerd for the whole session (tests/cri/node.py); after it, nothing

@@ -25,10 +25,3 @@ Node paths: everything under /var/lib, /run and /var/log is the node's own (cri_
 reads and writes it; cri_node.fs.path(p) is the test process's path to it); /dev, /sys,
 /usr, /etc and /tmp are the host's.
 """
-
-import os
-
-# Before grpc is imported anywhere: its fork support (on by default) starts threads in
-# every child a fork makes afterwards, and the rest of the suite forks children that must
-# be single-threaded (setns into a mount namespace fails with EINVAL in a threaded one).
-os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
