@@ -12,8 +12,9 @@ The daemon's unmount watcher (guestfs.daemon.privileges) runs it as
 ``python -I -S _boot.py --unmount-watcher FD MOUNTPOINT``: it waits on FD with nothing
 but os and sys imported, since its memory counts in the daemon's container, and loads the
 package only to unmount. The seccomp guard runs it as ``python -I -S _boot.py
---seccomp-guard FD [KEEPER_FD]`` (or ``--seccomp-keeper KEEPER_FD``) for the same reason
-(guestfs.system.seccomp_guard).
+--seccomp-guard FD [KEEPER_FD] [--then-answer MOUNTPOINT CALLS]`` (or ``--seccomp-keeper
+KEEPER_FD``) for the same reason (guestfs.system.seccomp_guard), and starts the successor
+of a `guestfs run` that is gone as ``--seccomp-successor FD MOUNTPOINT CALLS``.
 """
 
 import os
@@ -22,6 +23,8 @@ import sys
 UNMOUNT_WATCHER = "--unmount-watcher"  # as guestfs.system.selfexec.UNMOUNT_WATCHER
 SECCOMP_GUARD = "--seccomp-guard"      # as guestfs.system.selfexec.SECCOMP_GUARD
 SECCOMP_KEEPER = "--seccomp-keeper"    # as guestfs.system.selfexec.SECCOMP_KEEPER
+SECCOMP_SUCCESSOR = "--seccomp-successor"  # as guestfs.system.selfexec.SECCOMP_SUCCESSOR
+THEN_ANSWER = "--then-answer"          # as guestfs.system.selfexec.THEN_ANSWER
 
 
 def _load_own_package() -> None:
@@ -57,28 +60,59 @@ def unmount_watcher(fd: str, mountpoint: str) -> int:
     return 0
 
 
-def seccomp_guard(sock_fd: str, keeper_fd: str | None = None, stay: bool = False) -> int:
+def seccomp_guard(sock_fd: str, keeper_fd: str | None = None, stay: bool = False,
+                  successor: tuple[str, str] | None = None) -> int:
     """The guard of seccomp listeners (guestfs.system.seccomp_guard): ignores the signals
     a terminal or a process-group kill sends, then loads the package and keeps every
     listener it is handed until no supervisor is attached and their processes have
     exited. ``keeper_fd``: a listening socket on which a later agent takes them back.
     ``stay`` (--seccomp-keeper KEEPER_FD, the standalone guard of `guestfs seccomp-guard`,
-    a container's main process): no first supervisor, and it never exits on its own."""
-    import signal
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_IGN)
+    a container's main process): no first supervisor, and it never exits on its own.
+    ``successor``: the mountpoint and calls a successor answers from once the supervisor
+    is gone (``--then-answer MOUNTPOINT CALLS``)."""
+    _ignore_stop_signals()
     _load_own_package()
     from guestfs.system.seccomp_guard import guard_main
 
     guard_main(None if stay else int(sock_fd),
-               int(keeper_fd) if keeper_fd is not None else None, stay)
+               int(keeper_fd) if keeper_fd is not None else None, stay, successor)
     return 0
+
+
+def seccomp_successor(sock_fd: str, mountpoint: str, calls: str) -> int:
+    """The answers of a `guestfs run` that is gone, for its app (started by its guard):
+    the listeners come over ``sock_fd`` as a keeper hands them back."""
+    _ignore_stop_signals()
+    _load_own_package()
+    from guestfs.commands.syscall_successor import serve_handed_over
+
+    return serve_handed_over(int(sock_fd), mountpoint, calls)
+
+
+def _ignore_stop_signals() -> None:
+    """What a terminal or a process-group kill sends is not for these keepers."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _guard_args(args: list[str]) -> tuple[list[str], tuple[str, str] | None]:
+    """FD [KEEPER_FD] [--then-answer MOUNTPOINT CALLS]."""
+    if THEN_ANSWER in args:
+        at = args.index(THEN_ANSWER)
+        if len(args) != at + 3:
+            raise SystemExit(f"guestfs: {THEN_ANSWER} takes MOUNTPOINT CALLS")
+        return args[:at], (args[at + 1], args[at + 2])
+    return args, None
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [SECCOMP_GUARD]:
-        raise SystemExit(seccomp_guard(*sys.argv[2:4]))
+        fds, then = _guard_args(sys.argv[2:])
+        raise SystemExit(seccomp_guard(*fds[:2], successor=then))
+    if sys.argv[1:2] == [SECCOMP_SUCCESSOR] and len(sys.argv) == 5:
+        raise SystemExit(seccomp_successor(*sys.argv[2:5]))
     if sys.argv[1:2] == [SECCOMP_KEEPER]:
         raise SystemExit(seccomp_guard("", sys.argv[2], stay=True))
     if sys.argv[1:2] == [UNMOUNT_WATCHER]:

@@ -29,9 +29,13 @@ def daemons() -> list[str]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                comm = f.read().strip()
         except OSError:
             continue
-        if len(argv) > 3 and argv[2].endswith(b"/_boot.py") and argv[3] == b"mount":
+        # run's first daemon is forked from it and named so; a restarted one is executed.
+        if comm == b"guestfs-mount" or \
+                len(argv) > 3 and argv[2].endswith(b"/_boot.py") and argv[3] == b"mount":
             found.append(pid)
     # A daemon's forked child (its mount probe) shows the daemon's command line for the
     # moment it lives: not a daemon of its own.

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from guestfs.commands.run import stop_process
+from guestfs.commands.rundaemon import DAEMON_NAME
 from guestfs.daemon.mountpoint import is_guestfs_mount, mount_entry
 from guestfs.system import sysmount
 
@@ -26,6 +27,13 @@ def require_fuse() -> None:
         pytest.skip("this kernel has no /dev/fuse")
     if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
         pytest.fail("fuse3/libfuse2 missing: .ci/setup installs them")
+
+
+def is_guestfs_daemon(argv: list[str], name: str) -> bool:
+    """A serving daemon, by its command line and name (psutil's cmdline() and name()): an
+    executed `guestfs mount`, or the first daemon of a `guestfs run`, forked from it and
+    named guestfs-mount (its command line is run's)."""
+    return name == DAEMON_NAME.decode() or "mount" in argv
 
 
 def wait_for(pred, timeout: float = 15.0) -> bool:

@@ -16,7 +16,13 @@ import psutil
 import pytest
 
 from guestfs.daemon.mountpoint import is_guestfs_mount
-from tests.fusemount import force_unmount, private_mountpoint, require_fuse, wait_for
+from tests.fusemount import (
+    force_unmount,
+    is_guestfs_daemon,
+    private_mountpoint,
+    require_fuse,
+    wait_for,
+)
 from tests.realcg import v1_cgroup
 from tests.test_real_run import in_cgroup
 
@@ -72,7 +78,7 @@ def started_run(mp: Path, *cmd: str, opts: tuple[str, ...] = ()
 
 def daemon_of(run_pid: int) -> psutil.Process:
     kids = psutil.Process(run_pid).children()
-    return next(p for p in kids if "mount" in p.cmdline())
+    return next(p for p in kids if is_guestfs_daemon(p.cmdline(), p.name()))
 
 
 def gone(p: psutil.Process) -> bool:
@@ -123,6 +129,35 @@ def test_kill_9_of_run_leaves_the_app_served_until_its_last_process_exits(mp):
         assert wait_for(lambda: gone(daemon), 20), daemon.cmdline()
         assert wait_for(lambda: not os.path.ismount(mp), 10)
         assert not is_guestfs_mount(str(mp))
+
+
+SYSINFO_FOREVER = "while :; do getconf _PHYS_PAGES; sleep 0.1; done"
+
+
+def test_kill_9_of_run_leaves_sysinfo_answered_from_the_apps_files(mp):
+    """run killed with -9: its guard starts a successor that answers sysinfo(2) from the
+    app's files, which still serve (glibc's _PHYS_PAGES is sysinfo's totalram). Calls made
+    while it starts wait for it. Before, the guard passed every call to the kernel and
+    the app saw the node's pages while its /proc/meminfo said 256 MiB. Once the app is
+    gone, so are the successor and the guard."""
+    pages = str(256 * MiB // os.sysconf("SC_PAGE_SIZE")) + "\n"
+    with started_run(mp, "sh", "-c", SYSINFO_FOREVER, opts=("--memory-limit", "256Mi")) as run:
+        assert run.stdout is not None
+        assert run.stdout.readline() == pages
+        app = next(p for p in psutil.Process(run.pid).children() if p.name() == "sh")
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(10)
+        seen = [run.stdout.readline() for _ in range(30)]
+        assert seen == [pages] * 30, seen
+
+        def keepers() -> list[psutil.Process]:
+            return [p for p in psutil.process_iter(["cmdline"])
+                    if str(mp) in (c := " ".join(p.info["cmdline"] or []))
+                    and ("--seccomp-successor" in c or "--seccomp-guard" in c)]
+
+        assert len(keepers()) == 2     # the guard and its successor
+        app.kill()
+        assert wait_for(lambda: not keepers(), 20), keepers()
 
 
 # Four app processes, each smaller than the daemon or run, together past 64 MiB: the kernel

@@ -23,7 +23,7 @@ import pytest
 
 from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.system import sysmount
-from tests.fusemount import force_unmount, require_fuse, wait_for
+from tests.fusemount import force_unmount, is_guestfs_daemon, require_fuse, wait_for
 
 pytestmark = pytest.mark.real
 LIMIT_KB = 524288  # --memory-limit 512Mi
@@ -74,7 +74,8 @@ class App:
         with contextlib.suppress(psutil.NoSuchProcess):
             for c in psutil.Process(self.proc.pid).children():
                 with contextlib.suppress(psutil.NoSuchProcess):   # ZombieProcess too
-                    if c.status() != psutil.STATUS_ZOMBIE and "mount" in c.cmdline():
+                    if c.status() != psutil.STATUS_ZOMBIE and \
+                            is_guestfs_daemon(c.cmdline(), c.name()):
                         out.append(c)
         return out
 
@@ -249,8 +250,9 @@ def test_a_third_run_after_both_left_starts_a_new_daemon(tmp_path, apps):
 def all_daemons(mp: str) -> list[psutil.Process]:
     """Serving daemons at ``mp``; not their unmount watchers (children of a daemon that
     keep the right to unmount: docs/mount.md)."""
-    procs = [p for p in psutil.process_iter(["cmdline", "ppid"])
-             if (c := p.info["cmdline"] or []) and "mount" in c and mp in c]
+    procs = [p for p in psutil.process_iter(["cmdline", "ppid", "name"])
+             if (c := p.info["cmdline"] or []) and mp in c
+             and is_guestfs_daemon(c, p.info["name"])]
     pids = {p.pid for p in procs}
     return [p for p in procs if p.info["ppid"] not in pids]
 

@@ -16,7 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.fusemount import force_unmount, private_mountpoint, require_fuse, wait_for
+from tests.fusemount import (
+    force_unmount,
+    is_guestfs_daemon,
+    private_mountpoint,
+    require_fuse,
+    wait_for,
+)
 from tests.realcg import RealCgroup, require_v1_root, v1_cgroup
 from tests.test_real_run import in_cgroup
 
@@ -217,7 +223,7 @@ def test_stopped_daemon_delays_sysinfo_by_at_most_the_reread_wait(mp, tmp_path):
             def find_daemon() -> psutil.Process | None:
                 for p in psutil.Process(run.pid).children():
                     with contextlib.suppress(psutil.NoSuchProcess):   # zombies too
-                        if "mount" in p.cmdline():
+                        if is_guestfs_daemon(p.cmdline(), p.name()):
                             return p
                 return None
             assert wait_for(lambda: find_daemon() is not None, 30)

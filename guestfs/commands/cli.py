@@ -7,9 +7,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from guestfs import DEFAULT_HOOK_SOURCE, DEFAULT_MOUNTPOINT, __version__
-from guestfs.commands.explain import json_text, to_json, to_text
 from guestfs.commands.options import (
     AFFINITY_MODES,
     CliError,
@@ -23,19 +23,26 @@ from guestfs.commands.options import (
     mount_argv,
     seconds,
 )
-from guestfs.daemon.daemon_status import format_status, read_status
-from guestfs.engine.limits import EffectiveLimits, effective_limits
-from guestfs.render.files import SERVED_FILES, render_file
-from guestfs.sources.host_proc import HostInfoError
-from guestfs.sources.host_root import HostReadError, HostRoot
-from guestfs.sources.proc_cgroup import PidGone
-from guestfs.sources.snapshot import Snapshot, pinned_cgroup_dirs, read_snapshot
+from guestfs.render.served import SERVED_FILES
 from guestfs.system import ratelog
 from guestfs.system.oneline import one_line
+
+# Each command loads what it needs when it runs (`guestfs run`'s start-up is the app's
+# wait); explain and show need the whole read path.
+if TYPE_CHECKING:
+    from guestfs.engine.limits import EffectiveLimits
+    from guestfs.sources.host_root import HostRoot
+    from guestfs.sources.snapshot import Snapshot
 
 
 def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
                    ) -> tuple[HostRoot, Snapshot, EffectiveLimits]:
+    from guestfs.engine.limits import effective_limits
+    from guestfs.sources.host_proc import HostInfoError
+    from guestfs.sources.host_root import HostReadError, HostRoot
+    from guestfs.sources.proc_cgroup import PidGone
+    from guestfs.sources.snapshot import read_snapshot
+
     env = dict(os.environ) if env is None else env
     explicit, rounding = explicit_from_args(args, env)
     if not os.path.isdir(os.path.join(args.root, "proc")):
@@ -53,6 +60,9 @@ def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from guestfs.commands.explain import json_text, to_json, to_text
+    from guestfs.daemon.daemon_status import format_status, read_status
+
     _, _, lim = compute_limits(args)
     status = None
     if args.mount is not None:
@@ -78,6 +88,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"guestfs: {args.file}: not a served file; served files are:\n  "
               + "\n  ".join(SERVED_FILES), file=sys.stderr)
         return 2
+    from guestfs.render.files import render_file
+    from guestfs.sources.host_root import HostReadError
+
     host, snap, lim = compute_limits(args)
     try:
         text = render_file(path, host, snap, lim)
@@ -103,6 +116,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.daemon.fuse_binding import BindingError
     from guestfs.daemon.lowmem import one_malloc_arena
     from guestfs.daemon.mountpoint import MountError, check_fuse_device
+    from guestfs.sources.host_root import HostRoot
+    from guestfs.sources.snapshot import pinned_cgroup_dirs
 
     one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose, args.quiet)
@@ -133,7 +148,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guestfs.commands.run import RunError, run
+    from guestfs.commands.rundaemon import RunError
+    from guestfs.commands.runstart import begin
     from guestfs.daemon.mountpoint import MountError, check_fuse_device, refuse_symlink
     from guestfs.system.caps import CAP_SYS_ADMIN, effective_caps
 
@@ -156,10 +172,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except MountError as e:
         raise CliError(f"run: {e}") from e
     try:
-        return run(mp, cmd, mount_argv(args), args.bind_pressure,
-                   keep_caps=args.keep_caps, host_clock=args.host_clock,
-                   sysinfo=args.sysinfo, affinity=args.cpu_affinity,
-                   explicit_mountpoint=args.mountpoint is not None)
+        start = begin(mp, mount_argv(args), args.mountpoint is not None, entry=main)
+        # Loaded while the daemon starts (runstart.py): the app side, from here on.
+        from guestfs.commands.run import run
+
+        return run(start, cmd, args.bind_pressure, keep_caps=args.keep_caps,
+                   host_clock=args.host_clock, sysinfo=args.sysinfo,
+                   affinity=args.cpu_affinity)
     except (RunError, OSError) as e:
         raise CliError(str(e)) from e
 

@@ -30,7 +30,7 @@ from guestfs.daemon.mountpoint import (
 )
 from guestfs.daemon.server import ServerConfig, ViewServer
 from guestfs.engine.explicit import ExplicitLimits
-from guestfs.render.files import SERVED_FILES
+from guestfs.render.served import SERVED_FILES
 from guestfs.sources.host_pin import pin_host_files
 from guestfs.system import sysmount
 from guestfs.system.oneline import one_line
@@ -40,6 +40,7 @@ log = logging.getLogger("guestfs.mount")
 ATTR_TIMEOUT = 0.5  # kernel entry cache (and attributes of page-cached files' directories)
 DIRECT_ATTR_TIMEOUT = 0.0  # attributes of files served through the daemon: see serve()
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
+PROBE_NICE = 10  # weight 110 against a reader's 1024: it still runs beside a busy app
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
@@ -68,7 +69,9 @@ def _read_own(mp: str, name: str) -> bytes | None:
     process makes it unkillable (kill -9 then leaves a process that never exits and a
     wedged mount)."""
     try:
-        err, data = probe_mount(mp, name, timeout=10.0)
+        # Niced: started as the mount comes up, it would take the CPU from the first
+        # reads and binds of `guestfs run` and its app, which wait for them.
+        err, data = probe_mount(mp, name, timeout=10.0, nice=PROBE_NICE)
     except MountUnresponsive:
         return None
     return data if err == 0 else None

@@ -9,8 +9,8 @@ import math
 from collections.abc import Callable
 from typing import NoReturn
 
+from guestfs.daemon.defaults import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.daemon.fuse_binding import BINDINGS
-from guestfs.daemon.server import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.engine.explicit import (
     ENV_LIMITS_DIR,
     ExplicitLimitError,
@@ -18,7 +18,7 @@ from guestfs.engine.explicit import (
     ExplicitSettings,
     collect_explicit,
 )
-from guestfs.engine.limits import ROUNDINGS
+from guestfs.engine.quantity import ROUNDINGS
 from guestfs.system.oneline import one_line
 
 ENV_CPU_ROUNDING = "GUESTFS_CPU_ROUNDING"

@@ -7,7 +7,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import select
 import shutil
 import signal
 import socket
@@ -15,12 +14,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
-from guestfs.commands import mountlock, runspace, supervise
+from guestfs.commands import runspace, supervise
 from guestfs.commands.apppriv import AppSetup, container_clock_source, prepare_app
-from guestfs.commands.oomadj import shield_wrapper
+from guestfs.commands.rundaemon import Daemon, RunError, start_daemon, wait_ready
 from guestfs.commands.runspace import RunSpace
+from guestfs.commands.runstart import RunStart
 from guestfs.commands.syscall_view import (
     ServedView,
     SyscallSupervisor,
@@ -30,70 +29,16 @@ from guestfs.commands.syscall_view import (
     take_listener,
     texts_under,
 )
-from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
-from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
+from guestfs.daemon.mountpoint import wait_until
+from guestfs.render.served import BOUND_BY_DEFAULT, SERVED_FILES
 from guestfs.sources.host_root import pread_path
 from guestfs.system import sysmount
 from guestfs.system.seccomp_filter import Interception
 from guestfs.system.seccomp_guard import ListenerGuard
-from guestfs.system.selfexec import guestfs_argv
 
 log = logging.getLogger("guestfs.run")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2, signal.SIGWINCH)
-
-
-class RunError(RuntimeError):
-    pass
-
-
-def start_daemon(mp: str, mount_args: list[str],
-                 env: dict[str, str] | None = None,
-                 timeout: float = 20.0) -> subprocess.Popen[bytes]:
-    """``guestfs mount MP`` as a child that serves while any run uses it.
-
-    Its own session: the terminal's SIGINT/SIGQUIT (Ctrl-C, sent to the whole foreground
-    process group) and SIGHUP reach the app and us, never the daemon, which we stop once
-    the app has exited. With --exit-when-unused it stops itself once no run holds the
-    mount's users lock, so a run killed with -9 leaves nothing behind, while a daemon
-    another run still uses outlives the run that started it (docs/mount.md).
-
-    Waited for on a pipe the daemon writes to once FUSE's INIT is done (--ready-fd), not
-    by polling the mount: each look at it is a child process of its own (probe_mount),
-    and their start-ups took the CPU from the daemon's."""
-    r, w = os.pipe()
-    try:
-        proc = subprocess.Popen(guestfs_argv(["mount", mp, *mount_args, "--ready-fd", str(w)]),
-                                start_new_session=True, env=env, pass_fds=(w,))
-    except BaseException:
-        os.close(r)
-        raise
-    finally:
-        os.close(w)
-    try:
-        told = _wait_ready(r, proc, timeout)
-    finally:
-        os.close(r)
-    # Given up as soon as the daemon exits (killed while starting, a refused mount): the
-    # supervisor then retries with backoff instead of waiting out the timeout.
-    if not told or proc.poll() is not None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        proc.wait()
-        raise RunError(f"guestfs mount {mp} did not come up")
-    return proc
-
-
-def _wait_ready(r: int, proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Until the daemon's byte arrives (True), or end of file (it exited, or closed the
-    pipe unasked), or ``timeout`` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        if select.select([r], [], [], min(left, 0.5))[0]:
-            return os.read(r, 1) == b"r"
-        if proc.poll() is not None:
-            return False
-    return False
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
@@ -237,13 +182,14 @@ def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
         os._exit(127)
 
 
-def _start_guard(what: Interception) -> ListenerGuard | None:
+def _start_guard(what: Interception, mp: str) -> ListenerGuard | None:
     """The guard, started before the app so that the app's child can hand it the
-    listener before anything else (syscall_view.hand_over_listener)."""
+    listener before anything else (syscall_view.hand_over_listener). Should run be killed,
+    it starts a successor that answers from ``mp`` (syscall_successor.py)."""
     if not what.any:
         return None
     try:
-        return ListenerGuard()
+        return ListenerGuard(successor=(mp, what.spelled()))
     except OSError as e:
         # Without a guard a killed run would leave the app's calls failing: no filter.
         log.warning("no seccomp guard (%s): sysinfo and the CPU count are left to the "
@@ -261,29 +207,25 @@ def _start_syscall_view(sock: socket.socket, mp: str, what: Interception,
     return supervise_listener(listener, view, what, guard)
 
 
-def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = False,
+def run(start: RunStart, cmd: list[str], bind_pressure: bool = False,
         keep_caps: bool = False, host_clock: bool = False, sysinfo: bool = True,
-        affinity: str = "view", explicit_mountpoint: bool = True) -> int:
-    # First, while single-threaded: a private space is a mount namespace of our own.
-    space = runspace.choose(os.path.abspath(mp), explicit_mountpoint)
-    mp = space.mountpoint
-    if space.lock_dir is not None:
-        mountlock.use_lock_dir(space.lock_dir)
-    # Before the daemon: it inherits the shield.
-    app = AppSetup(keep_caps, shield_wrapper(),
-                   container_clock_source(mp + "/proc/uptime", host_clock))
-    # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
-    mount_args = [*mount_args, *space.daemon_args, "--exit-when-unused"]
-    users = supervise.join_users(mp)
-    daemon = supervisor = materialized = syscalls = guard = None
-    what = interception_for(sysinfo, affinity)
+        affinity: str = "view") -> int:
+    """CMD with the served files of ``start``'s mount, from a daemon that started with
+    it (or one already serving there); the exit code of CMD."""
+    space, mp = start.space, start.mountpoint
+    users = start.users_fd
+    daemon: Daemon | None = start.pending[0] if start.pending else None
+    supervisor = materialized = syscalls = guard = None
 
-    def start() -> subprocess.Popen[bytes]:
-        return start_daemon(mp, mount_args, space.daemon_env())
+    def restart() -> subprocess.Popen[bytes]:
+        return start_daemon(mp, start.mount_args, space.daemon_env())
 
     try:
-        if not is_guestfs_mount(mp):
-            daemon = supervise.start_or_reuse(mp, start)
+        app = AppSetup(keep_caps, start.oom,
+                       container_clock_source(mp + "/proc/uptime", host_clock))
+        what = interception_for(sysinfo, affinity)
+        if start.pending is not None:
+            daemon = supervise.start_or_reuse(mp, lambda: wait_ready(mp, *start.pending))
         else:
             check_reused_view(mp)
         binds = binds_for(mp, bind_pressure)
@@ -295,7 +237,7 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
             binds = materialized.binds
         # Only now: its start-up (an interpreter of its own) then runs beside the app's,
         # not beside the daemon's, whose CPU time the app waits for.
-        guard = _start_guard(what)
+        guard = _start_guard(what, mp)
         pair = socket.socketpair() if guard is not None else None
         pid = os.fork()
         if pid == 0:
@@ -310,7 +252,7 @@ def run(mp: str, cmd: list[str], mount_args: list[str], bind_pressure: bool = Fa
             pair[1].close()
             syscalls = _start_syscall_view(pair[0], mp, what, guard)
         # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
-        supervisor = supervise.Supervisor(mp, start, pid,
+        supervisor = supervise.Supervisor(mp, restart, pid,
                                           None if materialized else binds, daemon,
                                           app_sees_mountpoint=space.private_dir is None)
         supervisor.start()

@@ -34,7 +34,7 @@ from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.kernel_entries import EntryDropper
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
 from guestfs.daemon.server import UnseenReader, ViewServer
-from guestfs.render.files import SERVED_FILES
+from guestfs.render.served import SERVED_FILES
 from guestfs.sources.containerdirs import BadKey, cgroup_exists, existing_cgroups, path_of_key
 
 DIR_MODE = stat.S_IFDIR | 0o555

@@ -78,7 +78,7 @@ else:
 
 
 def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
-                limit: int = 4096) -> tuple[int, bytes]:
+                limit: int = 4096, nice: int = 0) -> tuple[int, bytes]:
     """List ``mp`` (and read up to ``limit`` bytes of ``mp + name``) from a child process:
     (errno or 0, data).
 
@@ -87,12 +87,16 @@ def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
     raised. A process with one thread forks it (a new interpreter's start-up cost more
     than the probe: `guestfs run` probed twice before its app started); with threads, the
     child is our own interpreter by absolute path, isolated (-I -S): nothing is imported
-    from the working directory."""
+    from the working directory. ``nice``: the child's nice value, for a probe that must
+    not take the CPU from the readers it is started beside."""
     if _single_threaded():
         return _probe_forked(mp, name, timeout, limit)
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE, mp, name, str(limit)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, close_fds=True)
+    if nice:
+        with contextlib.suppress(OSError):   # raising one's nice needs no privilege
+            os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache, TTLCache
 
 from guestfs.daemon.daemon_status import STATUS_PATH
+from guestfs.daemon.defaults import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.daemon.readers import Reader, ReaderIds
 from guestfs.engine.explicit import ExplicitLimitError, ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
@@ -46,9 +47,6 @@ from guestfs.sources.usage import (
 
 log = logging.getLogger("guestfs.server")
 
-VIEWS = ("caller", "init", "self")
-DEFAULT_VIEW = "caller"
-DEFAULT_CACHE_TTL = 0.5
 # Rendered afresh on every read, with the CPU counters read at that moment: uptime's first
 # field is wall time, top divides process CPU ticks by its deltas, and /proc/stat feeds
 # rates (vmstat, mpstat, a Prometheus rate()) that a TTL-old counter pushes past 100 %.

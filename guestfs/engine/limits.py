@@ -9,14 +9,14 @@ and the pod's 512Mi sits on the pod slice (gVisor #9580, JDK-8322420, the Go run
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from types import MappingProxyType
 
 from guestfs.engine.explicit import ExplicitLimits
 from guestfs.engine.provenance import Candidate, Resolved, pick_min
+from guestfs.engine.quantity import ROUNDERS, ROUNDINGS  # noqa: F401 - ROUNDINGS re-exported
 from guestfs.sources.cgroup_files import (
     V1_UNLIMITED,
     parse_cfs,
@@ -35,13 +35,6 @@ from guestfs.sources.memory_usage import (
 )
 from guestfs.sources.provenance import CGROUP, CGROUP_HIERARCHICAL, HOST, Source
 from guestfs.sources.snapshot import LIMIT_CONTROLLERS, Hierarchy, Level, Snapshot
-
-_ROUNDERS: dict[str, Callable[[Fraction], int]] = {
-    "ceil": math.ceil,
-    "floor": math.floor,
-    "round": lambda q: math.floor(q + Fraction(1, 2)),  # half up, as GNU nproc does
-}
-ROUNDINGS = tuple(_ROUNDERS)
 
 
 @dataclass(frozen=True)
@@ -286,7 +279,7 @@ def _resolve_cpuset(snap: Snapshot, w: _Warnings) -> Resolved[tuple[int, ...]]:
 def quota_to_count(quota: Fraction, rounding: str) -> int:
     """``rounding`` is one of ROUNDINGS: checked once, where effective_limits is entered
     (and on the command line before that)."""
-    return max(1, _ROUNDERS[rounding](quota))
+    return max(1, ROUNDERS[rounding](quota))
 
 
 def _resolve_cpu(snap: Snapshot, explicit: ExplicitLimits, rounding: str, w: _Warnings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
@@ -24,6 +25,14 @@ _QUANTITY = re.compile(r"^\s*([+]?(?:\d+\.?\d*|\.\d+)(?:[eE]([+-]?\d+))?)\s*([a-
 MAX_QUANTITY = 2**63 - 1
 _MAX_EXPONENT = 40
 _MAX_DIGITS = 100
+
+# How a fractional CPU limit becomes a CPU count (--cpu-rounding).
+ROUNDERS: dict[str, Callable[[Fraction], int]] = {
+    "ceil": math.ceil,
+    "floor": math.floor,
+    "round": lambda q: math.floor(q + Fraction(1, 2)),  # half up, as GNU nproc does
+}
+ROUNDINGS = tuple(ROUNDERS)
 
 
 def parse_quantity(text: str) -> Fraction:

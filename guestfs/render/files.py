@@ -14,6 +14,7 @@ from guestfs.render.cpu import render_cpu_list, render_cpuinfo
 from guestfs.render.diskstats import render_diskstats
 from guestfs.render.loadavg import LoadAverage, render_loadavg
 from guestfs.render.meminfo import render_meminfo, render_swaps
+from guestfs.render.served import CPU_LIST_FILES, PRESSURE_FILES, SERVED_FILES
 from guestfs.render.stat import CpuClock, render_stat, shift_btime
 from guestfs.render.uptime import render_uptime
 from guestfs.sources.host_proc import parse_uptime
@@ -28,21 +29,6 @@ from guestfs.sources.usage import (
     read_task_counts,
 )
 from guestfs.sources.usage_parsers import ContainerAge, CpuUsage, TaskCounts
-
-CPU_LIST_FILES = ("/sys/devices/system/cpu/online", "/sys/devices/system/cpu/possible",
-                  "/sys/devices/system/cpu/present")
-PRESSURE_FILES = ("/proc/pressure/cpu", "/proc/pressure/memory", "/proc/pressure/io")
-SERVED_FILES = ("/proc/meminfo", "/proc/cpuinfo", "/proc/stat", "/proc/uptime",
-                "/proc/loadavg", "/proc/swaps", "/proc/diskstats", *PRESSURE_FILES,
-                *CPU_LIST_FILES)
-
-
-# What `run` and `attach` bind over /proc and /sys by default. The pressure files are
-# served in the mount but not bound: the kernel's /proc/pressure/* accept PSI triggers
-# (write "some 150000 2000000", then poll() for POLLPRI; systemd-oomd and other monitors
-# rely on it), and a FUSE file cannot deliver POLLPRI through fusepy/mfusepy, so binding
-# ours over them would turn every trigger into EROFS. `run --bind-pressure` binds them.
-BOUND_BY_DEFAULT = tuple(f for f in SERVED_FILES if f not in PRESSURE_FILES)
 
 
 @dataclass

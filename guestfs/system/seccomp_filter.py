@@ -73,6 +73,20 @@ class Interception:
     def any(self) -> bool:
         return self.sysinfo or self.getaffinity or self.setaffinity
 
+    def spelled(self) -> str:
+        """As one command-line word ("sysinfo,getaffinity"; "-" for none): parse() reads it."""
+        return ",".join(n for n in _CALLS if getattr(self, n)) or "-"
+
+    @classmethod
+    def parse(cls, word: str) -> Interception:
+        names = set(word.split(",")) - {"-"}
+        if not names <= set(_CALLS):
+            raise ValueError(f"not calls guestfs answers: {word!r}")
+        return cls(**{n: n in names for n in _CALLS})
+
+
+_CALLS = ("sysinfo", "getaffinity", "setaffinity")
+
 
 def build_program(arch: Arch, what: Interception) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) instructions. A call from another architecture on

@@ -41,13 +41,16 @@ import subprocess
 import time
 
 from guestfs.system.seccomp_notify import receive, respond
-from guestfs.system.selfexec import SECCOMP_GUARD, helper_argv
+from guestfs.system.selfexec import SECCOMP_GUARD, SECCOMP_SUCCESSOR, THEN_ANSWER, helper_argv
 
 log = logging.getLogger("guestfs.seccomp")
 
 _DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL
 MAX_META = 4096            # bytes of metadata kept per listener; the agent sends ~200
 HANDBACK_TIMEOUT = 5.0     # seconds a hand-back may take before the guard gives up on it
+# A successor that keeps dying leaves the calls to the kernel: at most this many starts in
+# SUCCESSOR_WINDOW seconds.
+SUCCESSOR_STARTS, SUCCESSOR_WINDOW = 3, 60.0
 # Message kinds, the first byte of each message.
 LISTENER, END, BUSY = b"L", b"E", b"B"
 
@@ -85,13 +88,18 @@ class ListenerGuard:
     Ctrl-C and a kill of the supervisor's process group are not for it), with no other
     inherited descriptor (a held listening socket or mount-users lock would outlive the
     supervisor in it). Exec'd, not forked: a fork of a threaded process may inherit a held
-    lock, and ps shows what it is. ``keeper``, a listening socket, makes it a keeper."""
+    lock, and ps shows what it is. ``keeper``, a listening socket, makes it a keeper.
+    ``successor`` (a mountpoint and Interception.spelled()): once this supervisor is gone,
+    the guard starts a successor that answers from the files served there (`guestfs run`'s
+    app, whose files keep serving after run is killed)."""
 
-    def __init__(self, keeper: socket.socket | None = None) -> None:
+    def __init__(self, keeper: socket.socket | None = None,
+                 successor: tuple[str, str] | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             fds = [theirs.fileno()] + ([keeper.fileno()] if keeper is not None else [])
-            proc = subprocess.Popen(helper_argv(SECCOMP_GUARD, *map(str, fds)),
+            then = [THEN_ANSWER, *successor] if successor is not None else []
+            proc = subprocess.Popen(helper_argv(SECCOMP_GUARD, *map(str, fds), *then),
                                     pass_fds=fds, start_new_session=True,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
@@ -135,12 +143,15 @@ class ListenerGuard:
 
 class _Guard:  # pragma: no cover - in the guard process (tests/test_seccomp_guard.py)
     def __init__(self, session: socket.socket | None, keeper: socket.socket | None,
-                 stay: bool) -> None:
+                 stay: bool, successor: tuple[str, str] | None = None) -> None:
         self.poller = select.poll()
         self.listeners: dict[int, bytes] = {}
         self.session: socket.socket | None = None
         self.keeper = keeper
         self.stay = stay                # a standalone keeper outlives its last listener
+        self.successor = successor
+        self._started: list[float] = []   # monotonic times successors were started
+        self._children: list[subprocess.Popen[bytes]] = []
         if session is not None:
             self._attach(session)
         if keeper is not None:
@@ -191,6 +202,8 @@ class _Guard:  # pragma: no cover - in the guard process (tests/test_seccomp_gua
             msg, fds, flags = b"", [], 0
         if not msg and not fds:             # end of stream: the supervisor is gone
             self._detach()
+            if self.successor is not None:
+                self._start_successor(self.successor)
             return
         got = parse_message(msg, fds, flags)
         if got is not None and got[0] not in self.listeners:
@@ -215,6 +228,48 @@ class _Guard:  # pragma: no cover - in the guard process (tests/test_seccomp_gua
                     conn.send(BUSY)
                 conn.close()
                 return
+        except OSError:
+            conn.close()
+            return
+        self._hand_back(conn)
+
+    def _start_successor(self, successor: tuple[str, str]) -> None:
+        """The supervisor is gone and its listeners still have processes: start a successor
+        and hand them to it, as to a keeper's next agent. Their calls wait in the kernel
+        meanwhile (no POLLIN is asked for), rather than be answered with the host's
+        numbers. Within the budget only; after it, the kernel answers."""
+        self._children = [p for p in self._children if p.poll() is None]
+        self._drop_dead()
+        now = time.monotonic()
+        self._started = [t for t in self._started if now - t < SUCCESSOR_WINDOW]
+        if not self.listeners or len(self._started) >= SUCCESSOR_STARTS:
+            return
+        self._started.append(now)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._children.append(subprocess.Popen(
+                helper_argv(SECCOMP_SUCCESSOR, str(theirs.fileno()), *successor),
+                pass_fds=[theirs.fileno()], start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL))
+        except OSError:
+            ours.close()
+            return
+        finally:
+            theirs.close()
+        self._hand_back(ours)
+
+    def _drop_dead(self) -> None:
+        for lfd in list(self.listeners):
+            probe = select.poll()
+            probe.register(lfd, 0)
+            if any(ev & _DEAD for _fd, ev in probe.poll(0)):
+                self._drop(lfd)
+
+    def _hand_back(self, conn: socket.socket) -> None:
+        """Every listener to ``conn``, which becomes the attached supervisor."""
+        try:
+            conn.setblocking(True)
             self._attach(conn)              # stops receiving before the first send
             deadline = time.monotonic() + HANDBACK_TIMEOUT
             for lfd, meta in list(self.listeners.items()):
@@ -253,11 +308,12 @@ def _more_fds() -> None:  # pragma: no cover - in the guard
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def guard_main(fd: int | None, keeper_fd: int | None = None,
-               stay: bool = False) -> None:  # pragma: no cover - in the guard
+def guard_main(fd: int | None, keeper_fd: int | None = None, stay: bool = False,
+               successor: tuple[str, str] | None = None
+               ) -> None:  # pragma: no cover - in the guard
     """The guard's loop (_boot.py --seccomp-guard, --seccomp-keeper): until no supervisor
     is attached and every listener handed over has hung up (forever with ``stay``)."""
     _more_fds()
     session = socket.socket(fileno=fd) if fd is not None else None
     keeper = socket.socket(fileno=keeper_fd) if keeper_fd is not None else None
-    _Guard(session, keeper, stay).run()
+    _Guard(session, keeper, stay, successor).run()

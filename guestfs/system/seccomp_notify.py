@@ -227,6 +227,10 @@ class NotificationLoop:
             elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                 return
 
+    def join(self) -> None:
+        """Until every filtered process has exited (or stop() is called)."""
+        self._thread.join()
+
     def stop(self) -> None:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")

@@ -15,6 +15,8 @@ BOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 UNMOUNT_WATCHER = "--unmount-watcher"
 SECCOMP_GUARD = "--seccomp-guard"
 SECCOMP_KEEPER = "--seccomp-keeper"
+SECCOMP_SUCCESSOR = "--seccomp-successor"
+THEN_ANSWER = "--then-answer"   # SECCOMP_GUARD FD --then-answer MOUNTPOINT CALLS
 
 
 class SelfExecError(RuntimeError):
@@ -34,8 +36,8 @@ def guestfs_argv(args: list[str]) -> list[str]:
 
 
 def helper_argv(mode: str, *args: str) -> list[str]:
-    """A small helper of _boot.py's (UNMOUNT_WATCHER, SECCOMP_GUARD, SECCOMP_KEEPER): without
-    site (-S),
-    so it waits with little more than the interpreter in memory."""
+    """A small helper of _boot.py's (UNMOUNT_WATCHER, SECCOMP_GUARD, SECCOMP_KEEPER,
+    SECCOMP_SUCCESSOR): without site (-S), so it waits with little more than the
+    interpreter in memory."""
     return [interpreter(), "-I", "-S", BOOT, mode, *args]
 
