@@ -36,42 +36,44 @@ class RunError(RuntimeError):
 
 class ForkedDaemon:
     """The first daemon, a child of this process, with what run and its supervisor ask of
-    a subprocess.Popen: pid, returncode, poll, wait, send_signal, terminate, kill."""
+    a subprocess.Popen: pid, returncode, poll, wait, send_signal, terminate, kill. Its pid
+    is ours until we reap it, so signals by pid cannot reach another process (no pidfd:
+    gVisor has none)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
-        self._pidfd = os.pidfd_open(pid)
 
     def poll(self) -> int | None:
         if self.returncode is None:
             with contextlib.suppress(ChildProcessError):
                 done, status = os.waitpid(self.pid, os.WNOHANG)
                 if done:
-                    self._reaped(status)
+                    self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            if timeout is not None and not select.select([self._pidfd], [], [], timeout)[0]:
+        if timeout is None:
+            if self.returncode is None:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(["guestfs mount"], timeout)
-            _, status = os.waitpid(self.pid, 0)
-            self._reaped(status)
+            time.sleep(0.01)
         return self.returncode  # type: ignore[return-value]
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
-            signal.pidfd_send_signal(self._pidfd, sig)
+            os.kill(self.pid, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def _reaped(self, status: int) -> None:
-        self.returncode = os.waitstatus_to_exitcode(status)
-        os.close(self._pidfd)
 
 
 Daemon = subprocess.Popen | ForkedDaemon  # type: ignore[type-arg]
