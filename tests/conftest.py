@@ -10,7 +10,9 @@ from guestfs.engine.limits import EffectiveLimits, effective_limits
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import read_snapshot
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TESTS = Path(__file__).resolve().parent
+FIXTURES = TESTS / "fixtures"
+CRI_TESTS = TESTS / "external" / "cri"
 FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -46,14 +48,14 @@ def pytest_collection_modifyitems(config, items):
     other tests' children must be single-threaded (setns into a mount namespace fails with
     EINVAL in a threaded process; with the handlers off, a child may inherit a lock a grpc
     thread held)."""
-    items.sort(key=lambda item: item.nodeid.startswith("tests/cri/"))
+    items.sort(key=lambda item: item.path.is_relative_to(CRI_TESTS))
 
 
 @pytest.fixture(scope="session")
 def cri_node_session():
-    """One private containerd for the whole session (tests/cri/node.py); after it, nothing
-    of it may be left: no pod, containerd process, mount, cgroup or scratch file."""
-    from tests.cri.node import node_session
+    """One private containerd for the whole session (tests/support/cri/node.py); after it,
+    nothing of it may be left: no pod, containerd process, mount, cgroup or scratch file."""
+    from tests.support.cri.node import node_session
 
     yield from node_session()
 
