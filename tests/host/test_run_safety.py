@@ -1,5 +1,6 @@
 """`guestfs run` attacked: code planted in the working directory, an app that tries to undo
-or replace the binds, and readers that are not root."""
+or replace the binds, and readers that are not root (the self-exec command alone:
+tests/cli/test_self_exec.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.system.selfexec import BOOT, guestfs_argv
+from tests.cli.test_self_exec import plant_package, pwn
 from tests.support.fusemount import force_unmount, private_mountpoint, require_fuse
 
 GUESTFS = str(Path(sys.executable).parent / "guestfs")  # the installed console script
@@ -21,22 +22,11 @@ GUESTFS = str(Path(sys.executable).parent / "guestfs")  # the installed console 
 def mp() -> Iterator[Path]:
     with private_mountpoint() as path:
         yield path
+
+
 CAP_SYS_ADMIN = 21
 LIMIT = ["--memory-limit", "256Mi"]  # a MemTotal the host does not have: 262144 kB
 SERVED_MEMTOTAL = "MemTotal:         262144 kB"
-
-
-def plant_package(d: Path, body: str) -> None:
-    (d / "guestfs").mkdir()
-    (d / "guestfs" / "__init__.py").write_text(body)
-    (d / "guestfs" / "__main__.py").write_text(body)
-    (d / "guestfs" / "commands").mkdir()
-    (d / "guestfs" / "commands" / "__init__.py").write_text(body)
-    (d / "guestfs" / "commands" / "cli.py").write_text(body)
-
-
-def pwn(marker: Path) -> str:
-    return f"open({str(marker)!r}, 'w').close()\n"
 
 
 def guestfs_run(mp: Path, cmd: list[str], *opts: str, cwd: Path | None = None
@@ -52,23 +42,6 @@ def guestfs_run(mp: Path, cmd: list[str], *opts: str, cwd: Path | None = None
 def status_caps(text: str, name: str) -> int:
     line = next(ln for ln in text.splitlines() if ln.startswith(name + ":"))
     return int(line.split()[1], 16)
-
-
-def test_the_self_exec_command_is_isolated_and_absolute():
-    argv = guestfs_argv(["mount", "/x"])
-    assert os.path.isabs(argv[0]) and argv[1] == "-I" and argv[2] == BOOT
-    assert os.path.isabs(BOOT) and argv[3:] == ["mount", "/x"]
-
-
-def test_self_exec_ignores_a_package_planted_in_cwd_and_pythonpath(tmp_path):
-    marker = tmp_path / "pwned"
-    plant_package(tmp_path, pwn(marker))
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONSTARTUP=str(tmp_path / "x.py"))
-    out = subprocess.run(guestfs_argv(["--version"]), cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("guestfs ")
-    assert not marker.exists()
 
 
 @pytest.mark.real

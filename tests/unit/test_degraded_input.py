@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
-import time
-
-import pytest
 
 from guestfs.daemon.server import ServerConfig, ViewServer
 from guestfs.engine.explicit import ExplicitLimits
 from guestfs.sources.host_root import HostRoot
-from tests.support.fusemount import mounted
-from tests.support.realcg import v1_cgroup
 from tests.support.render_helpers import meminfo_kb, render_all
 
 V1_MEM = "/sys/fs/cgroup/memory"
@@ -98,29 +91,6 @@ def test_show_reports_a_malformed_host_file_in_one_line(copy_fixture, capsys):
     rc = main(["show", "/proc/uptime", "--root", str(root), "--pid", "7"])
     err = capsys.readouterr().err.strip()
     assert rc != 0 and len(err.splitlines()) == 1 and "/proc/uptime" in err, err
-
-
-@pytest.mark.real
-def test_explain_shows_the_daemons_fallbacks(tmp_path):
-    """A pinned cgroup removed under a serving daemon: readers keep the 512 MiB view, and
-    `explain --mount` says why, with the count."""
-    mp = tmp_path / "mnt"
-    with v1_cgroup(512 << 20, 100000, 100000) as cg, \
-            mounted(str(mp), "--cgroup", cg.paths["memory"], "--cache-ttl", "0.1"):
-        assert meminfo_kb((mp / "proc/meminfo").read_text())["MemTotal"] == 512 * 1024
-        for d in cg.dirs.values():
-            os.rmdir(d)
-        time.sleep(0.3)
-        assert meminfo_kb((mp / "proc/meminfo").read_text())["MemTotal"] == 512 * 1024
-        out = subprocess.run([sys.executable, "-m", "guestfs", "explain", "--json",
-                              "--mount", str(mp)], capture_output=True, text=True)
-        text = subprocess.run([sys.executable, "-m", "guestfs", "explain", "--mount",
-                               str(mp)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    daemon = json.loads(out.stdout)["daemon"]
-    assert daemon["fallback_total"] >= 1
-    assert any(c.startswith("cgroup data lost") for c in daemon["fallbacks"]), daemon
-    assert "cgroup data lost" in text.stdout and "fallbacks" in text.stdout, text.stdout
 
 
 def test_explain_mount_of_a_plain_directory_is_a_one_line_error(tmp_path):
