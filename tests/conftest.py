@@ -13,6 +13,9 @@ from guestfs.sources.snapshot import read_snapshot
 TESTS = Path(__file__).resolve().parent
 FIXTURES = TESTS / "fixtures"
 CRI_TESTS = TESTS / "external" / "cri"
+# Each folder is a tier, and its tests carry its marker (registered in pyproject.toml), so
+# `-m unit` or `-m "not external"` selects by what a test needs (docs/developing.md).
+TIERS = ("unit", "fuzz", "cli", "host", "external")
 FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -42,12 +45,24 @@ def copy_fixture(tmp_path: Path):
     return make
 
 
+def tier_of(path: Path) -> str | None:
+    """The tier folder ``path`` lies in (tests/<tier>/...), or None."""
+    if not path.is_relative_to(TESTS):
+        return None
+    parts = path.relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
 def pytest_collection_modifyitems(config, items):
-    """The CRI tests last: their gRPC client keeps threads for the rest of the session,
-    and grpc's fork handlers start threads in every child forked afterwards, where the
-    other tests' children must be single-threaded (setns into a mount namespace fails with
-    EINVAL in a threaded process; with the handlers off, a child may inherit a lock a grpc
-    thread held)."""
+    """Every test gets its folder's tier marker. Then the CRI tests go last: their gRPC
+    client keeps threads for the rest of the session, and grpc's fork handlers start
+    threads in every child forked afterwards, where the other tests' children must be
+    single-threaded (setns into a mount namespace fails with EINVAL in a threaded process;
+    with the handlers off, a child may inherit a lock a grpc thread held)."""
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is not None:
+            item.add_marker(tier)
     items.sort(key=lambda item: item.path.is_relative_to(CRI_TESTS))
 
 

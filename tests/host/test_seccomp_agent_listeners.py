@@ -21,6 +21,8 @@ from guestfs.system.seccomp_filter import Interception, install_listener, this_a
 from tests.support.fusemount import wait_for
 from tests.unit.test_seccomp_agent import open_fds
 
+pytestmark = pytest.mark.real
+
 
 def real_listener() -> int:
     """A seccomp listener installed by a forked child that then exits."""

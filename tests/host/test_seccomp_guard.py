@@ -36,6 +36,8 @@ from guestfs.system.seccomp_notify import receive, respond
 from tests.external.test_real_seccomp_agent import alive
 from tests.support.fusemount import wait_for
 
+pytestmark = pytest.mark.real
+
 # ------------------------------------------------------------------ a real guard process
 
 def live_listener_child(go: int, out: int, sock: socket.socket) -> None:  # pragma: no cover
