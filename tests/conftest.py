@@ -9,6 +9,10 @@ from guestfs.engine.explicit import ExplicitSettings, collect_explicit
 from guestfs.engine.limits import EffectiveLimits, effective_limits
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import read_snapshot
+from tests.support.fuzzing import load_profile
+
+# Before any test module is imported: their @settings read the profile's example count.
+HYPOTHESIS_PROFILE = load_profile()
 
 TESTS = Path(__file__).resolve().parent
 FIXTURES = TESTS / "fixtures"
@@ -43,6 +47,11 @@ def copy_fixture(tmp_path: Path):
         return dst
 
     return make
+
+
+def pytest_report_header(config):
+    return (f"hypothesis profile: {HYPOTHESIS_PROFILE} "
+            "(HYPOTHESIS_PROFILE=dev|ci; default ci where CI=true, else dev)")
 
 
 def tier_of(path: Path) -> str | None:

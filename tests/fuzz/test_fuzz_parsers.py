@@ -46,8 +46,9 @@ from guestfs.sources.usage_parsers import (
     parse_cpuacct_usage_all,
     parse_io_stat,
 )
+from tests.support.fuzzing import examples
 
-FUZZ = settings(max_examples=500, deadline=None,
+FUZZ = settings(max_examples=examples(500), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 # Tokens that have broken parsers of numbers: unicode digits that str.isdigit() accepts
@@ -232,7 +233,7 @@ limit_file = st.one_of(st.binary(max_size=64), texts.map(lambda t: t.encode("utf
                        st.sampled_from([b"134217728", b"1", b"250", b"\xff\xfe", b"1e400\n"]))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(limit_file, limit_file, st.sampled_from([None, "1", "1m", "1Mi", "0", "x"]))
 @example(b"\xe9", b"1", None)                       # UnicodeDecodeError escaped
 @example(b"lots", b"1", None)                       # silently ignored

@@ -22,6 +22,7 @@ from guestfs.render.files import SERVED_FILES
 from guestfs.sources.host_root import HostRoot
 from tests.conftest import FIXTURE_NAMES, FIXTURES
 from tests.fuzz.test_fuzz_parsers import texts
+from tests.support.fuzzing import examples
 
 # Host files the kernel writes: damaged only the way a kernel could differ (other numbers,
 # missing lines), since guestfs serves their other lines as they are.
@@ -118,7 +119,7 @@ def every(name: str, suffix: str, text: str | None) -> tuple[str, str, dict[str,
     return name, "7", {rel: text for rel in FILES[name] if rel.endswith(suffix)}
 
 
-@settings(max_examples=80, deadline=None,
+@settings(max_examples=examples(80), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(fake_root())
 # A cgroup's pressure file was served as it was: "0" reached readers of /proc/pressure/*.

@@ -18,6 +18,7 @@ from guestfs.sources.memory_usage import MemoryUsage
 from guestfs.sources.provenance import CGROUP, HOST, Source
 from guestfs.sources.usage_parsers import CpuUsage
 from tests.conftest import fixture_root
+from tests.support.fuzzing import examples
 from tests.support.render_helpers import meminfo_kb
 
 HOST_MEMINFO = (fixture_root("k8s-systemd-v2-besteffort") / "proc/meminfo").read_text()
@@ -51,7 +52,7 @@ def make_limits(limit: int, usage: int, stat: dict[str, int], swap: int, swap_us
         warnings=())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(limit=st.integers(1, 2 * HOST_MEM), usage=st.integers(0, 4 * HOST_MEM),
        values=st.lists(st.integers(0, 4 * HOST_MEM), min_size=len(stat_keys),
                        max_size=len(stat_keys)),
@@ -81,7 +82,7 @@ def test_meminfo_is_ordered_bounded_and_never_wraps(limit, usage, values, swap, 
         assert len(swaps) == 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(start=st.integers(0, 10**13),
        steps=st.lists(st.tuples(st.integers(-5_000_000, 5_000_000),
                                 st.integers(-5_000_000, 5_000_000),
@@ -188,7 +189,7 @@ def test_busy_is_capped_at_what_the_visible_cpus_can_give():
     assert cpu_lines(1, clock)[0][1][:4] == [1853, 0, 551, 5595]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(cpus=st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True),
        n=st.integers(1, 8))
 def test_cpuinfo_stat_and_online_agree_on_n(cpus, n):
