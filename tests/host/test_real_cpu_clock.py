@@ -13,8 +13,9 @@ import time
 import pytest
 
 from tests.host.test_real_run import guestfs_run, in_cgroup
+from tests.support.cgroupfs import empty_and_remove
 from tests.support.fusemount import force_unmount, mounted
-from tests.support.realcg import RealCgroup, _empty_and_remove, v1_cgroup
+from tests.support.realcg import RealCgroup, v1_cgroup
 
 pytestmark = pytest.mark.real
 MiB = 1 << 20
@@ -250,7 +251,7 @@ def test_a_one_cpu_view_under_a_two_cpu_cgroup_is_at_most_one_cpu_busy(tmp_path,
                 p.wait()
             for k in kids:
                 for d in reversed(list(k.values())):
-                    _empty_and_remove(d)
+                    empty_and_remove(d)
     ticks = (up1 - up0) * 100
     burnt = used1 - used0                       # the counter's cgroup's usage, in ticks
     assert busy1 - busy0 <= ticks + 3, (busy0, busy1, up0, up1, burnt)   # was ~ burnt

@@ -21,7 +21,8 @@ from guestfs.render.files import SERVED_FILES
 from guestfs.render.loadavg import SAMPLE_SECONDS
 from guestfs.sources.containerdirs import key_of_cgroup_text
 from tests.host.test_daemon_rss import daemon, status_kib
-from tests.support.realcg import _empty_and_remove, _v1_dir, require_v1_root
+from tests.support.cgroupfs import empty_and_remove
+from tests.support.realcg import _v1_dir, require_v1_root
 
 pytestmark = pytest.mark.real
 
@@ -78,7 +79,7 @@ def _churn(mp: str, n: int) -> None:
         for dirs in made:
             for d in reversed(dirs):
                 with contextlib.suppress(FileNotFoundError):
-                    _empty_and_remove(d)
+                    empty_and_remove(d)
 
 
 def test_vanished_containers_cost_next_to_nothing_once_forgotten():

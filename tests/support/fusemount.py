@@ -8,15 +8,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from guestfs.commands.run import stop_process
-from guestfs.daemon.mountpoint import is_guestfs_mount, mount_entry
-from guestfs.system import sysmount
+from guestfs.daemon.mountpoint import is_guestfs_mount
+from tests.support.mounts import force_unmount, wait_for
 
 
 def require_fuse() -> None:
@@ -26,25 +25,6 @@ def require_fuse() -> None:
         pytest.skip("this kernel has no /dev/fuse")
     if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
         pytest.fail("fuse3/libfuse2 missing: .ci/setup installs them")
-
-
-def wait_for(pred, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def force_unmount(mp: str) -> None:
-    # From the mount table: a stat or listing of a mount whose daemon is stopped would
-    # block the test run for good.
-    for _ in range(3):
-        if mount_entry(mp) is None:
-            return
-        with contextlib.suppress(OSError):
-            sysmount.umount(mp, detach=True)
 
 
 @contextlib.contextmanager

@@ -1,36 +1,23 @@
-"""LXCFS (Debian's lxcfs package) on a mountpoint of our own, for side-by-side tests."""
+"""LXCFS on a mountpoint of our own in a test: skipped without FUSE, failed without lxcfs
+(.ci/setup installs it); the process itself: tests/support/lxcfs.py."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from guestfs.commands.run import stop_process
-from tests.support.fusemount import force_unmount, require_fuse, wait_for
+from tests.support.fusemount import require_fuse
+from tests.support.lxcfs import MISSING, lxcfs_process
 
 
 @contextlib.contextmanager
 def lxcfs_mounted(mp: str, pidfile: str) -> Iterator[subprocess.Popen[bytes]]:
     require_fuse()
-    binary = shutil.which("lxcfs")
-    if binary is None:
-        pytest.fail("lxcfs is missing: .ci/setup installs Debian's lxcfs")
-    os.makedirs(mp, exist_ok=True)
-    # -l: loadavg, --enable-cfs: CPU view from the quota (what guestfs always does).
-    proc = subprocess.Popen([binary, "-f", "-l", "--enable-cfs", "-p", pidfile, mp],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert wait_for(lambda: os.path.exists(f"{mp}/proc/meminfo")
-                        or proc.poll() is not None, 20), "lxcfs did not come up"
-        assert proc.poll() is None, f"lxcfs exited with {proc.returncode}"
+    if shutil.which("lxcfs") is None:
+        pytest.fail(MISSING)
+    with lxcfs_process(mp, pidfile, timeout=20.0) as proc:
         yield proc
-    finally:
-        stop_process(proc)
-        force_unmount(mp)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(pidfile)

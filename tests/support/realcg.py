@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import pytest
 
 from guestfs.sources.mountinfo import parse_mountinfo
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
+from tests.support.cgroupfs import empty_and_remove, write
 
 
 @dataclass
@@ -49,11 +49,6 @@ def require_v1_root() -> None:
             pytest.skip(f"no cgroup v1 {c} hierarchy on this kernel (pure v2: see tests/vm)")
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
 @contextlib.contextmanager
 def v1_cgroup(memory: int, quota: int, period: int, cpus: str | None = None
               ) -> Iterator[RealCgroup]:
@@ -73,40 +68,20 @@ def v1_cgroup(memory: int, quota: int, period: int, cpus: str | None = None
             d = os.path.join(base, name)
             os.mkdir(d)
             dirs[c], paths[c] = d, f"{path.rstrip('/')}/{name}"
-        _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+        write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
+        write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
+        write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
         parent = os.path.dirname(dirs["cpuset"])
         with open(os.path.join(parent, "cpuset.mems")) as f:
-            _write(os.path.join(dirs["cpuset"], "cpuset.mems"), f.read().strip())
+            write(os.path.join(dirs["cpuset"], "cpuset.mems"), f.read().strip())
         if cpus is None:
             with open(os.path.join(parent, "cpuset.cpus")) as f:
                 cpus = f.read().strip()
-        _write(os.path.join(dirs["cpuset"], "cpuset.cpus"), cpus)
+        write(os.path.join(dirs["cpuset"], "cpuset.cpus"), cpus)
         yield RealCgroup(dirs, paths)
     finally:
         for d in reversed(list(dirs.values())):
-            _empty_and_remove(d)
-
-
-def _empty_and_remove(d: str) -> None:
-    for _ in range(50):
-        try:
-            with open(os.path.join(d, "cgroup.procs")) as f:
-                pids = [int(p) for p in f.read().split()]
-        except FileNotFoundError:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-        try:
-            os.rmdir(d)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.05)
-    os.rmdir(d)  # raise: a leaked cgroup must fail loudly
+            empty_and_remove(d)
 
 
 @contextlib.contextmanager
