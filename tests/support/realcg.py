@@ -46,7 +46,8 @@ def require_v1_root() -> None:
         pytest.skip("needs root to create cgroups")
     for c in ("memory", "cpu", "cpuset"):
         if _v1_dir(c) is None:
-            pytest.skip(f"no cgroup v1 {c} hierarchy on this kernel (pure v2: see tests/vm)")
+            pytest.skip(f"no cgroup v1 {c} hierarchy on this kernel "
+                        "(pure v2: see tests/external/vm)")
 
 
 @contextlib.contextmanager
