@@ -5,22 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 from guestfs.system.selfexec import BOOT, guestfs_argv
-
-
-def plant_package(d: Path, body: str) -> None:
-    (d / "guestfs").mkdir()
-    (d / "guestfs" / "__init__.py").write_text(body)
-    (d / "guestfs" / "__main__.py").write_text(body)
-    (d / "guestfs" / "commands").mkdir()
-    (d / "guestfs" / "commands" / "__init__.py").write_text(body)
-    (d / "guestfs" / "commands" / "cli.py").write_text(body)
-
-
-def pwn(marker: Path) -> str:
-    return f"open({str(marker)!r}, 'w').close()\n"
+from tests.support.planted import plant_package, pwn
 
 
 def test_the_self_exec_command_is_isolated_and_absolute():

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.host.test_real_cpu_clock import burn
 from tests.support.fusemount import force_unmount, require_fuse
 from tests.support.lxcfsd import lxcfs_mounted
 from tests.support.paths import SUPPORT
-from tests.support.realcg import RealCgroup, v1_cgroup
+from tests.support.realcg import RealCgroup, burn, v1_cgroup
 
 pytestmark = pytest.mark.real
 MiB = 1 << 20

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.host.test_real_run import SEP, in_cgroup
 from tests.support.fusemount import mounted
 from tests.support.lxcfsd import lxcfs_mounted
-from tests.support.realcg import v1_cgroup
+from tests.support.realcg import SEP, in_cgroup, v1_cgroup
 from tests.support.render_helpers import meminfo_kb
 
 pytestmark = pytest.mark.real

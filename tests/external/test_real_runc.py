@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from guestfs.render.files import SERVED_FILES
-from tests.host.test_real_run import SEP
 from tests.support.fusemount import mounted
 from tests.support.paths import REPO
+from tests.support.realcg import SEP
 
 pytestmark = pytest.mark.real
 MiB = 1 << 20

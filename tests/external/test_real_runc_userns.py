@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.external.test_real_runc import MiB, bundle
-from tests.host.test_real_run import SEP
 from tests.support.fusemount import require_fuse
+from tests.support.realcg import SEP
 
 pytestmark = pytest.mark.real
 HOST_ID = 100000   # where the container's uid/gid 0 lands on the host

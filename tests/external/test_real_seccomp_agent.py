@@ -25,6 +25,7 @@ import pytest
 from tests.external.test_real_runc import MiB, bundle
 from tests.support.fusemount import mounted, wait_for
 from tests.support.paths import REPO
+from tests.support.procs import alive
 
 pytestmark = pytest.mark.real
 SEP = "----sep----"
@@ -63,14 +64,6 @@ def workdir() -> Iterator[Path]:
 def guard_pid(log: Path) -> int | None:
     m = re.search(r"guard pid (\d+)", log.read_text(errors="replace"))
     return int(m.group(1)) if m else None
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager

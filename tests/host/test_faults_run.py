@@ -16,9 +16,8 @@ import psutil
 import pytest
 
 from guestfs.daemon.mountpoint import is_guestfs_mount
-from tests.host.test_real_run import in_cgroup
 from tests.support.fusemount import force_unmount, private_mountpoint, require_fuse, wait_for
-from tests.support.realcg import v1_cgroup
+from tests.support.realcg import in_cgroup, v1_cgroup
 
 pytestmark = pytest.mark.real
 GUESTFS = str(Path(sys.executable).parent / "guestfs")

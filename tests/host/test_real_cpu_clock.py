@@ -12,23 +12,13 @@ import time
 
 import pytest
 
-from tests.host.test_real_run import guestfs_run, in_cgroup
+from tests.host.test_real_run import guestfs_run
 from tests.support.cgroupfs import empty_and_remove
 from tests.support.fusemount import force_unmount, mounted
-from tests.support.realcg import RealCgroup, v1_cgroup
+from tests.support.realcg import BUSY, RealCgroup, burn, in_cgroup, v1_cgroup
 
 pytestmark = pytest.mark.real
 MiB = 1 << 20
-BUSY = f"{sys.executable} -c 'import time; t=time.time()\nwhile time.time()-t<{{s}}: pass'"
-
-
-def burn(cg: RealCgroup, seconds: float, procs: int) -> None:
-    """``procs`` busy loops for ``seconds`` inside ``cg``; they exit before we go on."""
-    script = " & ".join([BUSY.format(s=seconds)] * procs) + "; wait"
-    out = in_cgroup(cg, ["sh", "-c", script], timeout=60)
-    assert out.returncode == 0, out.stderr
-
-
 def vmstat_last(text: str) -> dict[str, int]:
     lines = [ln.split() for ln in text.splitlines() if ln.strip()]
     header = next(ln for ln in lines if "id" in ln and "us" in ln)

@@ -14,10 +14,9 @@ import psutil
 import pytest
 
 from tests.support.fusemount import force_unmount, require_fuse, wait_for
-from tests.support.realcg import RealCgroup, v1_cgroup
+from tests.support.realcg import SEP, RealCgroup, in_cgroup, v1_cgroup
 
 pytestmark = pytest.mark.real
-SEP = "----sep----"
 MiB = 1 << 20
 
 PSUTIL = ("import json, os, psutil; print(json.dumps({'total': psutil.virtual_memory().total, "
@@ -25,15 +24,6 @@ PSUTIL = ("import json, os, psutil; print(json.dumps({'total': psutil.virtual_me
 TOOLS = ["free -m", "free -b", "top -bn1 -1 -w 512 | head -5", "vmstat", "uptime",
          "cat /sys/devices/system/cpu/online", "getconf _NPROCESSORS_ONLN",
          f"{sys.executable} -c \"{PSUTIL}\""]
-
-
-def in_cgroup(cg: RealCgroup, argv: list[str], timeout: float = 120,
-              **kw: object) -> subprocess.CompletedProcess[str]:
-    """argv run from inside ``cg`` (it and everything it starts, the daemon included)."""
-    dirs = " ".join(cg.dirs.values())
-    shell = f'for d in {dirs}; do echo $$ > $d/cgroup.procs; done; exec "$@"'
-    return subprocess.run(["sh", "-c", shell, "_", *argv], capture_output=True, text=True,
-                          timeout=timeout, **kw)  # type: ignore[call-overload]
 
 
 def guestfs_run(cg: RealCgroup, mp: str, commands: list[str]) -> list[str]:

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from tests.host.test_real_run import guestfs_run, in_cgroup
+from tests.host.test_real_run import guestfs_run
 from tests.support.fusemount import force_unmount
-from tests.support.realcg import v1_cgroup
+from tests.support.realcg import in_cgroup, v1_cgroup
 
 pytestmark = pytest.mark.real
 MiB = 1 << 20

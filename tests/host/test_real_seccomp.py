@@ -16,10 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.host.test_real_run import in_cgroup
 from tests.support.fusemount import force_unmount, private_mountpoint, require_fuse, wait_for
 from tests.support.paths import SUPPORT
-from tests.support.realcg import RealCgroup, require_v1_root, v1_cgroup
+from tests.support.realcg import RealCgroup, in_cgroup, require_v1_root, v1_cgroup
 
 pytestmark = pytest.mark.real
 MiB = 1 << 20

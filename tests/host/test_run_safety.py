@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_self_exec import plant_package, pwn
 from tests.support.fusemount import force_unmount, private_mountpoint, require_fuse
+from tests.support.planted import plant_package, pwn
 
 GUESTFS = str(Path(sys.executable).parent / "guestfs")  # the installed console script
 

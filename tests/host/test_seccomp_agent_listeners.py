@@ -19,7 +19,7 @@ from guestfs.commands.seccomp_agent import (
 )
 from guestfs.system.seccomp_filter import Interception, install_listener, this_arch
 from tests.support.fusemount import wait_for
-from tests.unit.test_seccomp_agent import open_fds
+from tests.support.procs import open_fds
 
 pytestmark = pytest.mark.real
 

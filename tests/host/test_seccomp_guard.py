@@ -33,8 +33,8 @@ from guestfs.system.seccomp_keeper import (
     start_lock,
 )
 from guestfs.system.seccomp_notify import receive, respond
-from tests.external.test_real_seccomp_agent import alive
 from tests.support.fusemount import wait_for
+from tests.support.procs import alive
 
 pytestmark = pytest.mark.real
 

@@ -1,10 +1,12 @@
-"""Real cgroups on this machine for integration tests: created, filled, always removed."""
+"""Real cgroups on this machine for integration tests: created, filled, always removed, and
+commands run inside them."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -94,3 +96,26 @@ def process_in(cg: RealCgroup) -> Iterator[subprocess.Popen[bytes]]:
     finally:
         proc.kill()
         proc.wait()
+
+
+# What tests print between the outputs of commands run one after another in one shell.
+SEP = "----sep----"
+
+
+def in_cgroup(cg: RealCgroup, argv: list[str], timeout: float = 120,
+              **kw: object) -> subprocess.CompletedProcess[str]:
+    """argv run from inside ``cg`` (it and everything it starts, the daemon included)."""
+    dirs = " ".join(cg.dirs.values())
+    shell = f'for d in {dirs}; do echo $$ > $d/cgroup.procs; done; exec "$@"'
+    return subprocess.run(["sh", "-c", shell, "_", *argv], capture_output=True, text=True,
+                          timeout=timeout, **kw)  # type: ignore[call-overload]
+
+
+BUSY = f"{sys.executable} -c 'import time; t=time.time()\nwhile time.time()-t<{{s}}: pass'"
+
+
+def burn(cg: RealCgroup, seconds: float, procs: int) -> None:
+    """``procs`` busy loops for ``seconds`` inside ``cg``; they exit before we go on."""
+    script = " & ".join([BUSY.format(s=seconds)] * procs) + "; wait"
+    out = in_cgroup(cg, ["sh", "-c", script], timeout=60)
+    assert out.returncode == 0, out.stderr

@@ -22,6 +22,7 @@ from guestfs.commands.seccomp_agent import (
     receive_handoff,
 )
 from guestfs.system.seccomp_filter import ARCHES
+from tests.support.procs import open_fds
 
 # What runc 1.1 sends (libcontainer/process_linux.go, sendContainerProcessState).
 RUNC_STATE = {"ociVersion": "1.0.2-dev", "fds": ["seccompFd"], "pid": 4242,
@@ -91,10 +92,6 @@ def test_a_split_state_is_read_whole_and_ends_at_its_json_object():
             os.close(fd)
         a.close()
         b.close()
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.parametrize("payload,with_fd", [
