@@ -10,12 +10,11 @@ from guestfs.engine.limits import EffectiveLimits, effective_limits
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import read_snapshot
 from tests.support.fuzzing import load_profile
+from tests.support.paths import FIXTURES, TESTS
 
 # Before any test module is imported: their @settings read the profile's example count.
 HYPOTHESIS_PROFILE = load_profile()
 
-TESTS = Path(__file__).resolve().parent
-FIXTURES = TESTS / "fixtures"
 CRI_TESTS = TESTS / "external" / "cri"
 # Each folder is a tier, and its tests carry its marker (registered in pyproject.toml), so
 # `-m unit` or `-m "not external"` selects by what a test needs (docs/developing.md).
