@@ -1,30 +1,37 @@
 """What the benchmarks start and always remove: a v1 cgroup, LXCFS and guestfs mounts.
 
-No pytest and nothing from tests/ (the standard library, psutil and guestfs's own
-mountinfo, cgroup and process helpers), so a benchmark runs as ``.venv/bin/python
-benchmarks/bench_read.py`` from any directory: this file is found next to the script, and
-guestfs is the venv's installed package. The
-daemons are started with cwd ``/`` so that ``python -m guestfs`` never imports from the
-caller's current directory.
+No pytest: the standard library, psutil, guestfs's own mountinfo, cgroup and process
+helpers, and the tests' helpers that need no pytest (tests/support/cgroupfs.py, mounts.py,
+lxcfs.py), so a benchmark runs as ``.venv/bin/python benchmarks/bench_read.py`` from any
+directory: this file is found next to the script, tests/ in the checkout around it (never
+the working directory), and guestfs is the venv's installed package. The daemons are
+started with cwd ``/`` so that ``python -m guestfs`` never imports from the caller's
+current directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from guestfs.commands.run import stop_process
 from guestfs.daemon.mountpoint import wait_until
 from guestfs.sources.mountinfo import MountEntry, parse_mount_entries
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
+
+# The checkout this file is in, after everything else: tests/ is found there, and nothing
+# installed is shadowed by it.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from tests.support.cgroupfs import empty_and_remove, write  # noqa: E402
+from tests.support.lxcfs import LxcfsError, lxcfs_process  # noqa: E402
+from tests.support.mounts import force_unmount  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -44,13 +51,6 @@ def fuse_mounted(mp: str) -> bool:
     would hang on a stopped daemon)."""
     mp = os.path.realpath(mp)
     return any(m.mount_point == mp and m.fstype.startswith("fuse") for m in _mounts())
-
-
-def force_unmount(mp: str) -> None:
-    for _ in range(3):
-        if not any(m.mount_point == os.path.realpath(mp) for m in _mounts()):
-            return
-        subprocess.run(["umount", "-l", mp], stderr=subprocess.DEVNULL, check=False)
 
 
 def require_fuse() -> None:
@@ -97,26 +97,14 @@ def guestfs_mounted(mp: str, args: list[str], log: str, optional: bool = False
 
 @contextlib.contextmanager
 def lxcfs_mounted(mp: str, pidfile: str) -> Iterator[subprocess.Popen[bytes]]:
+    """LXCFS at ``mp`` until the block ends; BenchError where it is missing or fails."""
     require_fuse()
-    binary = shutil.which("lxcfs")
-    if binary is None:
-        raise BenchError("lxcfs is missing: .ci/setup installs Debian's lxcfs")
-    os.makedirs(mp, exist_ok=True)
-    # -l: loadavg, --enable-cfs: CPU view from the quota (what guestfs always does).
-    proc = subprocess.Popen([binary, "-f", "-l", "--enable-cfs", "-p", pidfile, mp],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
-    try:
-        if not wait_until(lambda: (fuse_mounted(mp) and os.path.exists(f"{mp}/proc/meminfo"))
-                          or proc.poll() is not None, 30.0):
-            raise BenchError("lxcfs did not come up")
-        if proc.poll() is not None:
-            raise BenchError(f"lxcfs exited with {proc.returncode}")
+    with contextlib.ExitStack() as stack:
+        try:
+            proc = stack.enter_context(lxcfs_process(mp, pidfile))
+        except LxcfsError as e:
+            raise BenchError(str(e)) from e
         yield proc
-    finally:
-        stop_process(proc)
-        force_unmount(mp)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(pidfile)
 
 
 @contextlib.contextmanager
@@ -141,16 +129,11 @@ class BenchCgroup:
 
     def enter(self) -> None:
         for d in self.dirs.values():
-            _write(f"{d}/cgroup.procs", str(os.getpid()))
+            write(f"{d}/cgroup.procs", str(os.getpid()))
 
     def leave(self) -> None:
         for d in self.home.values():
-            _write(f"{d}/cgroup.procs", str(os.getpid()))
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+            write(f"{d}/cgroup.procs", str(os.getpid()))
 
 
 def _v1_mount(controller: str) -> tuple[str, str] | None:
@@ -208,41 +191,20 @@ def bench_cgroup(memory: int, quota: int, period: int) -> Iterator[BenchCgroup]:
                 if c == "cpuset":  # a new cpuset is empty: copy its parent's cpus and mems
                     for k in ("cpuset.cpus", "cpuset.mems"):
                         with open(os.path.join(os.path.dirname(p), k)) as f:
-                            _write(os.path.join(p, k), f.read().strip())
+                            write(os.path.join(p, k), f.read().strip())
             dirs[c] = d
-        _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+        write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
+        write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
+        write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
         yield BenchCgroup(path, dirs, home)
     finally:
         leaf = set(dirs.values())
         for d in reversed(created):
             if d in leaf:
-                _empty_and_remove(d)
+                empty_and_remove(d)
             else:  # a parent we made: someone else may have a child there by now
                 with contextlib.suppress(OSError):
                     os.rmdir(d)
-
-
-def _empty_and_remove(d: str) -> None:
-    for _ in range(100):
-        try:
-            with open(os.path.join(d, "cgroup.procs")) as f:
-                pids = [int(p) for p in f.read().split()]
-        except FileNotFoundError:
-            return
-        for pid in pids:
-            if pid != os.getpid():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        try:
-            os.rmdir(d)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.05)
-    os.rmdir(d)  # raise: a leaked cgroup must fail loudly
 
 
 # --- a daemon's cost -----------------------------------------------------------------

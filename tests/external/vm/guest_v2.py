@@ -1,0 +1,329 @@
+"""cgroup v2 tests that run *inside* the test VM (tests/external/vm/test_vm_v2.py boots it
+and reports each of these as its own result). Not collected on the host: the name has no
+test_ prefix.
+
+The guest: Debian's 6.1 kernel, pure cgroup v2 with cpuset cpu io memory pids enabled at
+the root, 4 CPUs, 128 MiB of swap on a RAM disk, the host's root read-only. Python starts
+slowly under software emulation (~3 s), so one guestfs daemon and one LXCFS serve every
+test and the readers are plain `cat` processes placed in the cgroups under test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from guestfs.engine.limits import effective_limits
+from guestfs.sources.host_root import HostRoot
+from guestfs.sources.snapshot import read_snapshot
+from tests.support.fusemount import mounted
+from tests.support.lxcfsd import lxcfs_mounted
+from tests.support.paths import SUPPORT
+from tests.support.render_helpers import meminfo_kb
+
+CG = "/sys/fs/cgroup"
+GFS, LXCFS = "/run/gfs", "/run/lxcfs"
+RECORDS = "/mnt/records.jsonl"
+POD_UID = "a5d4fbc7_30d6_43e8_8425_8ee6f401decc"
+CID = "a991eb3b64a228cb0b269925127c28cb39d482d27c6248540e0e3b41633a907e"
+POD = (f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_UID}.slice")
+SCOPE = f"{POD}/cri-containerd-{CID}.scope"
+CONTROLLERS = "+cpuset +cpu +io +memory +pids"
+
+
+def record(test: str, **values: object) -> None:
+    with open(RECORDS, "a") as f:
+        f.write(json.dumps({"test": test, **values}) + "\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def daemons() -> Iterator[None]:
+    if not os.path.exists(f"{CG}/cgroup.subtree_control"):
+        pytest.fail("not a cgroup v2 guest: run through tests/external/vm/test_vm_v2.py")
+    with mounted(GFS, "--cache-ttl", "0.2"), lxcfs_mounted(LXCFS, "/run/lxcfs.pid"):
+        yield
+
+
+@contextlib.contextmanager
+def cgroup_tree(path: str, files: dict[str, dict[str, str]]) -> Iterator[str]:
+    """Create CG/path level by level, enabling controllers for the children, write
+    ``files`` ({relative level: {name: value}}); remove it all afterwards."""
+    parts = path.split("/")
+    made: list[str] = []
+    try:
+        for i in range(len(parts)):
+            d = os.path.join(CG, *parts[: i + 1])
+            if not os.path.isdir(d):
+                os.mkdir(d)
+                made.append(d)
+            if i < len(parts) - 1:
+                with open(f"{d}/cgroup.subtree_control", "w") as f:
+                    f.write(CONTROLLERS)
+        for rel, values in files.items():
+            for name, value in values.items():
+                with open(os.path.join(CG, rel, name), "w") as f:
+                    f.write(value)
+        yield os.path.join(CG, path)
+    finally:
+        for d in reversed(made):
+            kill_all(d)
+            for _ in range(100):
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def kill_all(d: str) -> None:
+    with contextlib.suppress(OSError), open(f"{d}/cgroup.kill", "w") as f:
+        f.write("1")
+
+
+def run_in(cg_dir: str, *argv: str, env: dict[str, str] | None = None) -> str:
+    shell = f'echo $$ > {cg_dir}/cgroup.procs && exec "$@"'
+    out = subprocess.run(["sh", "-c", shell, "_", *argv], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def view(cg_dir: str, root: str) -> tuple[dict[str, int], int, str]:
+    """(meminfo, processors in cpuinfo, cpu online) read by a process in ``cg_dir``."""
+    mem = run_in(cg_dir, "cat", f"{root}/proc/meminfo")
+    cpus = run_in(cg_dir, "cat", f"{root}/proc/cpuinfo").count("processor\t:")
+    online = run_in(cg_dir, "cat", f"{root}/sys/devices/system/cpu/online").strip()
+    return meminfo_kb(mem), cpus, online
+
+
+def test_pod_slice_limit_reaches_the_scope():
+    files = {POD: {"memory.max": "536870912", "cpu.max": "100000 100000"}}
+    with cgroup_tree(SCOPE, files) as scope:
+        with open(f"{scope}/memory.max") as f:
+            assert f.read().strip() == "max"
+        sleeper = subprocess.Popen(["sh", "-c", f"echo $$ > {scope}/cgroup.procs; exec sleep 60"])
+        try:
+            time.sleep(0.3)
+            lim = effective_limits(read_snapshot(HostRoot("/"), str(sleeper.pid)))
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        assert lim.memory.value == 536870912
+        assert lim.memory.source.file == f"{CG}/{POD}/memory.max"
+        assert lim.cpu_count.value == 1
+        mem, cpus, online = view(scope, GFS)
+        lx_mem, lx_cpus, lx_online = view(scope, LXCFS)
+    record("pod_slice_limit", guestfs={"MemTotal": mem["MemTotal"], "cpus": cpus, "online": online},
+           lxcfs={"MemTotal": lx_mem["MemTotal"], "cpus": lx_cpus, "online": lx_online})
+    assert mem["MemTotal"] == 524288 and cpus == 1 and online == "0"
+
+
+def test_quota_inherited_from_the_parent():
+    parent = "guestfs-quota.slice"
+    with cgroup_tree(f"{parent}/leaf.scope", {parent: {"cpu.max": "50000 100000"}}) as leaf:
+        with open(f"{leaf}/cpu.max") as f:
+            assert f.read().split()[0] == "max"
+        _, cpus, online = view(leaf, GFS)
+        _, lx_cpus, lx_online = view(leaf, LXCFS)
+    record("quota_inherited", guestfs={"cpus": cpus, "online": online},
+           lxcfs={"cpus": lx_cpus, "online": lx_online})
+    # LXCFS 5.0.3 reads cpu.max at the leaf only and shows every CPU here.
+    assert cpus == 1 and online == "0"
+
+
+def test_cpuset_0_1_under_a_4_cpu_quota():
+    files = {"guestfs-cpuset.slice": {"cpuset.cpus": "0-1", "cpu.max": "400000 100000"}}
+    with cgroup_tree("guestfs-cpuset.slice", files) as d:
+        _, cpus, online = view(d, GFS)
+        _, lx_cpus, lx_online = view(d, LXCFS)
+    record("cpuset_0_1_quota_4", guestfs={"cpus": cpus, "online": online},
+           lxcfs={"cpus": lx_cpus, "online": lx_online})
+    assert os.cpu_count() == 4
+    assert cpus == 2 and online == "0-1"
+
+
+def test_swap_limit_is_memory_swap_max():
+    with open("/proc/swaps") as f:
+        assert len(f.read().splitlines()) == 2, "the guest's RAM-disk swap is missing"
+    files = {POD: {"memory.max": "536870912", "memory.swap.max": "67108864"}}
+    with cgroup_tree(SCOPE, files) as scope:
+        mem, _, _ = view(scope, GFS)
+        swaps = run_in(scope, "cat", f"{GFS}/proc/swaps")
+        lx_mem, _, _ = view(scope, LXCFS)
+    record("swap_max_64MiB", guestfs={"SwapTotal": mem["SwapTotal"]},
+           lxcfs={"SwapTotal": lx_mem["SwapTotal"]})
+    assert mem["SwapTotal"] == 65536 and 0 <= mem["SwapFree"] <= 65536
+    assert int(swaps.splitlines()[1].split()[2]) == 65536
+
+
+def test_cgroup_namespace_hides_the_parent_and_the_env_restores_it():
+    files = {"guestfs-ns.slice": {"memory.max": "536870912"}}
+    with cgroup_tree("guestfs-ns.slice/app.scope", files) as leaf:
+        # A fresh cgroup2 mount inside the new cgroup namespace shows it as the root, as a
+        # container runtime sets it up; the old mount must go first (same superblock).
+        inner = ("umount -l /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup && "
+                 f"{sys.executable} -m guestfs explain --json && echo ==== && "
+                 f"GUESTFS_MEMORY_LIMIT=512Mi {sys.executable} -m guestfs show /proc/meminfo")
+        out = run_in(leaf, "unshare", "--cgroup", "--mount", "sh", "-c", inner)
+    explained, meminfo = out.split("====\n")
+    got = json.loads(explained)
+    assert got["memory"]["limited"] is False
+    assert any("not the host's root" in w for w in got["warnings"]), got["warnings"]
+    assert meminfo_kb(meminfo)["MemTotal"] == 524288
+
+
+def test_busy_loop_moves_container_cpu_time_by_cpu_stat():
+    files = {"guestfs-busy.slice": {"cpu.max": "200000 100000"}}
+    with cgroup_tree("guestfs-busy.slice", files) as d:
+        def stat_busy() -> int:
+            first = run_in(d, "cat", f"{GFS}/proc/stat").splitlines()[0].split()
+            return int(first[1]) + int(first[3])
+
+        def usage_ticks() -> int:
+            with open(f"{d}/cpu.stat") as f:
+                st = dict(line.split() for line in f)
+            return int(st["user_usec"]) // 10_000 + int(st["system_usec"]) // 10_000
+
+        busy0, use0 = stat_busy(), usage_ticks()
+        loop = subprocess.Popen(["sh", "-c", f"echo $$ > {d}/cgroup.procs; "
+                                             "exec sh -c 'while :; do :; done'"])
+        seen = [busy0]
+        try:
+            for _ in range(6):
+                time.sleep(0.5)
+                seen.append(stat_busy())
+        finally:
+            loop.kill()
+            loop.wait()
+        time.sleep(0.5)
+        busy1, use1 = stat_busy(), usage_ticks()
+    record("busy_loop", stat_delta_ticks=busy1 - busy0, cpu_stat_delta_ticks=use1 - use0)
+    assert seen == sorted(seen) and busy1 >= seen[-1]
+    assert use1 - use0 > 50
+    assert abs((busy1 - busy0) - (use1 - use0)) <= 0.25 * (use1 - use0) + 5
+
+
+def test_tools_inside_guestfs_run_in_the_scope():
+    files = {POD: {"memory.max": "536870912", "cpu.max": "100000 100000"}}
+    py = "import os; print(os.cpu_count())"
+    script = (f"free -m; echo ====; top -bn1 -1 -w 512 | head -5; echo ====; "
+              f"{sys.executable} -c '{py}'")
+    with cgroup_tree(SCOPE, files) as scope:
+        out = run_in(scope, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                     "/run/gfs-run", "--", "sh", "-c", script)
+    free, top, count = out.split("====\n")
+    assert next(ln.split() for ln in free.splitlines() if ln.startswith("Mem:"))[1] == "512"
+    assert "MiB Mem :    512.0 total" in top and top.count("%Cpu") == 1
+    assert count.strip() == "1"
+
+
+def test_sysinfo_and_cpu_count_under_run_in_the_scope():
+    """sysinfo(2) and sched_getaffinity(0) answered for the app on a v2 kernel without
+    PROCMAP_QUERY (6.1: the writability check reads /proc/<tid>/maps): the pod slice's
+    512 MiB and one CPU of the guest's four."""
+    files = {POD: {"memory.max": "536870912", "cpu.max": "100000 100000"}}
+    probe = str(SUPPORT / "syscall_probe.py")
+    with cgroup_tree(SCOPE, files) as scope:
+        out = json.loads(run_in(scope, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                                "/run/gfs-sysinfo", "--", sys.executable, probe))
+    record("sysinfo_under_run", totalram=out["sysinfo"]["totalram"], getconf=out["getconf"],
+           nproc=out["nproc"], affinity=out["affinity"], loads=out["getloadavg"])
+    assert out["sysinfo"]["totalram"] == 512 << 20
+    assert out["getconf"] == str((512 << 20) // out["page_size"])
+    assert out["nproc"] == "1" and len(out["affinity"]) == 1
+    assert out["efault_readonly"] == [14, True]
+
+
+def test_long_lived_cgroup_reads_idle_under_run():
+    """A cgroup that burnt CPU before `guestfs run` started in it: an idle container
+    still reads idle in vmstat and top, with a load near 0 and its own short uptime."""
+    files = {"guestfs-old.slice": {"cpu.max": "200000 100000", "memory.max": "536870912"}}
+    with cgroup_tree("guestfs-old.slice", files) as d:
+        burn = ("import time; t = time.time()\nwhile time.time() - t < 3: pass")
+        run_in(d, "sh", "-c", f"{sys.executable} -c '{burn}' & "
+                              f"{sys.executable} -c '{burn}' & wait")
+        script = ("vmstat 1 3; echo ====; top -bn2 -d1 | grep '^%Cpu'; echo ====; "
+                  "cat /proc/loadavg /proc/uptime")
+        out = run_in(d, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                     "/run/gfs-old", "--", "sh", "-c", script)
+    vmstat, top, rest = out.split("====\n")
+    last = vmstat.strip().splitlines()[-1].split()
+    header = next(ln.split() for ln in vmstat.splitlines() if " id " in f" {ln} ")
+    idle = int(dict(zip(header, last, strict=True))["id"])
+    top_idle = float(top.strip().splitlines()[-1].split(",")[3].split()[0])
+    load = float(rest.split()[0])
+    age = float(rest.splitlines()[1].split()[0])
+    record("long_lived_idle", vmstat_id=idle, top_id=top_idle, load1=load, uptime=age)
+    assert idle >= 60 and top_idle >= 60, out   # was 0 before the per-view CPU clock
+    assert load < 0.6, out                       # the daemon's own threads are not counted
+    assert age < 60, out
+
+
+def _vmstat_busy_idle(text: str) -> tuple[int, int]:
+    header = next(ln.split() for ln in text.splitlines() if " id " in f" {ln} ")
+    row = dict(zip(header, map(int, text.strip().splitlines()[-1].split()), strict=True))
+    return row["us"] + row["sy"], row["id"]
+
+
+def test_busy_loop_reads_its_share_under_run_beside_lxcfs():
+    """One busy loop in a long-lived 2-CPU cgroup (cpu.max 200000 100000 on the 4-CPU
+    guest): half of the view is busy in vmstat and top inside `guestfs run`, and no
+    further from that than the same vmstat through LXCFS's /proc/stat."""
+    files = {"guestfs-share.slice": {"cpu.max": "200000 100000", "memory.max": "536870912"}}
+    loop = "while :; do :; done"
+    with cgroup_tree("guestfs-share.slice", files) as d:
+        run_in(d, "sh", "-c", f"sh -c '{loop}' & p1=$!; sh -c '{loop}' & p2=$!; "
+                              "sleep 3; kill $p1 $p2")
+        inner = (f"sh -c '{loop}' & p=$!; sleep 1; vmstat 1 3; echo ====; "
+                 "top -bn2 -d1 | grep '^%Cpu'; kill $p")
+        out = run_in(d, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                     "/run/gfs-share", "--", "sh", "-c", inner)
+        lx = run_in(d, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    f"mount --bind {LXCFS}/proc/stat /proc/stat; sh -c '{loop}' & p=$!; "
+                    "sleep 1; vmstat 1 3; kill $p")
+    vmstat, top = out.split("====\n")
+    busy, idle = _vmstat_busy_idle(vmstat)
+    top_idle = float(top.strip().splitlines()[-1].split(",")[3].split()[0])
+    lx_busy, lx_idle = _vmstat_busy_idle(lx)
+    record("busy_share_under_run", vmstat_busy=busy, vmstat_id=idle, top_id=top_idle,
+           lxcfs_vmstat_busy=lx_busy, lxcfs_vmstat_id=lx_idle)
+    assert 25 <= busy <= 75 and 25 <= idle <= 75, out
+    assert 25 <= top_idle <= 75, out
+    assert abs(busy - 50) <= abs(lx_busy - 50) + 15, (out, lx)
+
+
+def test_fresh_idle_container_in_every_client_under_run():
+    """The real clients of tests/external/test_real_clients.py on cgroup v2: a fresh, idle 512 MiB
+    / 2-CPU container reads idle, its own age, a load near 0, 512 MiB and 2 CPUs in each.
+    Not htop nor node_exporter here: the guest has no pseudo-terminals for tmux and no
+    loopback network to scrape; they run on v1 (tests/external/test_real_clients.py)."""
+    clients = ["vmstat", "top", "mpstat", "uptime", "node", "psutil", "proc"]
+    files = {"guestfs-clients.slice": {"cpu.max": "200000 100000", "memory.max": "536870912"}}
+    probe = str(SUPPORT / "client_probe.py")
+    with cgroup_tree("guestfs-clients.slice", files) as d:
+        out = run_in(d, sys.executable, "-m", "guestfs", "run", "--mountpoint",
+                     "/run/gfs-clients", "--", sys.executable, probe, *clients,
+                     env={"GUESTFS_PROBE_USAGE": f"{d}/cpu.stat", "GUESTFS_PROBE_CPUS": "2"})
+    r = json.loads(out.strip().splitlines()[-1])
+    errors = {k: v["error"] for k, v in r.items() if "error" in v}
+    assert not errors, errors
+    idle = {"vmstat": r["vmstat"]["idle"], "top": r["top"]["idle"],
+            "mpstat": r["mpstat"]["idle"], "node": r["node"]["idle"],
+            "psutil": 100 - r["psutil"]["busy"]}
+    loads = {k: r[k]["load1"] for k in ("proc", "uptime", "top", "node")}
+    record("clients_fresh_idle_under_run", idle=idle, load1=loads,
+           uptime=r["proc"]["uptime"], errors=errors)
+    assert not errors, errors
+    assert all(v >= 70 for v in idle.values()), idle   # TCG: the guest's own work is slow
+    assert all(v < 0.6 for v in loads.values()), loads
+    assert 0 <= r["proc"]["uptime"] < 120 and 0 <= r["node"]["uptime"] < 120
+    assert r["node"]["totalmem"] == 512 << 20 and r["psutil"]["total"] == 512 << 20
+    assert r["top"]["mem_total_mib"] == 512
+    assert {r["node"]["cpus"], r["psutil"]["count"]} == {2}

@@ -1,0 +1,19 @@
+"""A `guestfs` package planted where a careless self-exec would import it from (the
+working directory, PYTHONPATH): its code only creates a marker file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plant_package(d: Path, body: str) -> None:
+    (d / "guestfs").mkdir()
+    (d / "guestfs" / "__init__.py").write_text(body)
+    (d / "guestfs" / "__main__.py").write_text(body)
+    (d / "guestfs" / "commands").mkdir()
+    (d / "guestfs" / "commands" / "__init__.py").write_text(body)
+    (d / "guestfs" / "commands" / "cli.py").write_text(body)
+
+
+def pwn(marker: Path) -> str:
+    return f"open({str(marker)!r}, 'w').close()\n"
