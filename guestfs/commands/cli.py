@@ -14,6 +14,7 @@ from guestfs.commands.options import (
     AFFINITY_MODES,
     CliError,
     OneLineParser,
+    RawDescription,
     UsageError,
     add_limit_options,
     add_mount_options,
@@ -252,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print a file exactly as guestfs serves it",
                        description="Print FILE (" + ", ".join(SERVED_FILES) + ") as the "
                                    "filesystem serves it to PID.",
-                       epilog=SHOW_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=SHOW_EPILOG, formatter_class=RawDescription)
     p.add_argument("file", metavar="FILE", help="a guest path such as /proc/meminfo")
     add_limit_options(p)
     p.set_defaults(func=cmd_show)

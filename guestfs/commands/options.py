@@ -5,9 +5,12 @@ also passes on to the daemon it starts), with their conversion back to argv."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from guestfs.daemon.defaults import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.daemon.fuse_binding import BINDINGS
@@ -33,9 +36,40 @@ class UsageError(CliError):
     argparse's own usage errors."""
 
 
+def _columns() -> int:
+    """The terminal's width as shutil.get_terminal_size() gives it ($COLUMNS, then stdout's
+    terminal, then 80), without importing shutil."""
+    with contextlib.suppress(KeyError, ValueError):
+        if (columns := int(os.environ["COLUMNS"])) > 0:
+            return columns
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        if (columns := os.get_terminal_size(sys.__stdout__.fileno()).columns) > 0:
+            return columns
+    return 80
+
+
+class TerminalWidth(argparse.HelpFormatter):
+    """argparse's formatter, told the width: by itself it asks shutil on every
+    add_argument, and importing shutil loads zlib, bz2 and lzma, 5 ms of every command's
+    start-up (`guestfs run`'s is its app's wait)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position,
+                         _columns() - 2 if width is None else width)
+
+
+class RawDescription(TerminalWidth, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line naming the bad input (argparse prints the whole usage
     first, which buries it), exit status 2 as argparse's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", TerminalWidth)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, one_line(f"{self.prog}: {message} (see {self.prog} --help)") + "\n")

@@ -5,3 +5,4 @@ of the serving code."""
 VIEWS = ("caller", "init", "self")
 DEFAULT_VIEW = "caller"
 DEFAULT_CACHE_TTL = 0.5
+BINDINGS = ("auto", "mfusepy3", "mfusepy2", "fusepy")   # --fuse-binding (fuse_binding.py)

@@ -15,7 +15,8 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-BINDINGS = ("auto", "mfusepy3", "mfusepy2", "fusepy")
+from guestfs.daemon.defaults import BINDINGS
+
 SONAMES = {"mfusepy3": "libfuse3.so.3", "mfusepy2": "libfuse.so.2"}
 # mfusepy loads FUSE_LIBRARY_PATH as given: one set by the user is left to win, as before.
 _USER_LIBRARY_PATH = bool(os.environ.get("FUSE_LIBRARY_PATH"))
