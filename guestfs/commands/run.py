@@ -189,7 +189,7 @@ def _start_guard(what: Interception, mp: str) -> ListenerGuard | None:
     if not what.any:
         return None
     try:
-        return ListenerGuard(successor=(mp, what.spelled()))
+        return ListenerGuard.forked(successor=(mp, what.spelled()))
     except OSError as e:
         # Without a guard a killed run would leave the app's calls failing: no filter.
         log.warning("no seccomp guard (%s): sysinfo and the CPU count are left to the "
@@ -235,8 +235,9 @@ def run(start: RunStart, cmd: list[str], bind_pressure: bool = False,
                         "client): binding regular copies refreshed every second", mp)
             materialized = Materialized(binds, parent=space.private_dir)
             binds = materialized.binds
-        # Only now: its start-up (an interpreter of its own) then runs beside the app's,
-        # not beside the daemon's, whose CPU time the app waits for.
+        # Forked while run still has one thread (an exec'd guard's start-up took 40-50 ms
+        # of CPU from the daemon's and the app's), before the app's child, which hands
+        # it the listener first.
         guard = _start_guard(what, mp)
         pair = socket.socketpair() if guard is not None else None
         pid = os.fork()

@@ -12,22 +12,19 @@ child of a fork could inherit a lock another thread held, so they execute `guest
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 
+from guestfs.system import forked
 from guestfs.system.selfexec import guestfs_argv
 
-# What the forked daemon calls itself (/proc/PID/comm, `ps -o comm`, `pgrep -x`): its
-# command line stays run's, which a fork cannot change without CAP_SYS_RESOURCE.
+# What the forked daemon calls itself (/proc/PID/comm, `ps -o comm`, `pgrep -x`).
 DAEMON_NAME = b"guestfs-mount"
-_PR_SET_NAME = 15
 
 
 class RunError(RuntimeError):
@@ -111,7 +108,7 @@ def fork_daemon(mp: str, mount_args: list[str], entry: Entry,
     """``guestfs mount MP`` in a forked child, as start_daemon's but not waited for: the
     child and the pipe end wait_ready takes. ``entry`` is the guestfs command's own main
     (cli.main). Only from a single-threaded process."""
-    if threading.active_count() != 1:
+    if not forked.single_threaded():
         raise RunError("the daemon is forked only from a single-threaded run")
     r, w = os.pipe()
     pid = os.fork()
@@ -124,14 +121,12 @@ def fork_daemon(mp: str, mount_args: list[str], entry: Entry,
 
 def _serve_in_child(entry: Entry, argv: list[str], keep_fd: int,
                     env: dict[str, str] | None) -> None:
-    """The forked child: a new session with nothing of run's but stdio and ``keep_fd``
-    (run's users lock above all: held here, the daemon would never find itself unused),
-    default signal dispositions, then `guestfs mount` until it ends."""
+    """The forked child: nothing of run's but stdio and ``keep_fd`` (run's users lock
+    above all: held here, the daemon would never find itself unused), default signal
+    dispositions, then `guestfs mount` until it ends."""
     rc = 1
     try:
-        os.setsid()
-        os.closerange(3, keep_fd)
-        os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
+        forked.cut_off((keep_fd,), devnull_stdio=False)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
                           else signal.SIG_DFL)
@@ -140,8 +135,7 @@ def _serve_in_child(entry: Entry, argv: list[str], keep_fd: int,
             os.environ.update(env)
             if "tempfile" in sys.modules:
                 sys.modules["tempfile"].tempdir = None   # TMPDIR is read again
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, DAEMON_NAME, 0, 0, 0)
+        forked.name_process(DAEMON_NAME)
         rc = entry(argv)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 1

@@ -1,0 +1,46 @@
+"""The child of a fork that goes on running guestfs code in its parent's interpreter
+(`guestfs run`'s first daemon and its seccomp guard): a process of its own with nothing
+of the parent's but what it is given, and a name that says what it is.
+
+Forked, not executed, to spare the app's start-up a new interpreter and imports the
+parent has done already; only from a single-threaded parent (a child of a threaded one
+may inherit a lock another thread held), which callers check with single_threaded().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+
+_PR_SET_NAME = 15
+
+
+def single_threaded() -> bool:
+    return threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
+
+
+def cut_off(keep: tuple[int, ...], devnull_stdio: bool) -> None:
+    """In the child: a new session (the terminal's signals and a kill of the parent's
+    process group are not for it), every descriptor closed but stdio and ``keep`` (a lock
+    the parent holds, its users lock above all, must not outlive it here), stdio on
+    /dev/null with ``devnull_stdio``."""
+    os.setsid()
+    if devnull_stdio:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def name_process(name: bytes) -> None:
+    """/proc/PID/comm (`ps -o comm`, `pgrep -x`): a forked child's command line stays its
+    parent's, which only CAP_SYS_RESOURCE could change."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name[:15], 0, 0, 0)
