@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from guestfs.system.seccomp_filter import Interception
 from guestfs.system.seccomp_guard import MAX_META, listener_message, parse_message
 from guestfs.system.seccomp_keeper import describe, described
 
@@ -58,3 +59,43 @@ def test_metadata_round_trips_and_a_bad_key_never_leaves_the_source():
                 json.dumps({"key": "a\0"}).encode(), json.dumps({"key": 7}).encode()):
         name, key = described(bad)
         assert key is None and name.endswith("kept by the guard"), bad
+
+
+@pytest.mark.parametrize("what, word", [
+    (Interception(), "sysinfo,getaffinity,setaffinity"),
+    (Interception(sysinfo=True, getaffinity=True, setaffinity=False), "sysinfo,getaffinity"),
+    (Interception(sysinfo=False, getaffinity=False, setaffinity=False), "-"),
+])
+def test_the_calls_a_successor_answers_as_one_word(what, word):
+    """What run's guard passes its successor on the command line (--then-answer)."""
+    assert what.spelled() == word
+    assert Interception.parse(word) == what
+
+
+@pytest.mark.parametrize("word", ["sysinfo,open", "", "SYSINFO", "sysinfo;rm"])
+def test_a_word_naming_other_calls_is_refused(word):
+    with pytest.raises(ValueError):
+        Interception.parse(word)
+
+
+def test_the_guard_command_line_with_and_without_a_successor():
+    boot = _boot_module()
+    assert boot._guard_args(["5"]) == (["5"], None)
+    assert boot._guard_args(["5", "7"]) == (["5", "7"], None)
+    assert boot._guard_args(["5", "--then-answer", "/run/g", "sysinfo"]) == \
+        (["5"], ("/run/g", "sysinfo"))
+    with pytest.raises(SystemExit):
+        boot._guard_args(["5", "--then-answer", "/run/g"])
+
+
+def _boot_module():
+    """guestfs/_boot.py as a module (it is a script: the package never imports it)."""
+    import importlib.util
+
+    from guestfs.system.selfexec import BOOT
+
+    spec = importlib.util.spec_from_file_location("guestfs_boot_under_test", BOOT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
