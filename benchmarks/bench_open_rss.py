@@ -31,7 +31,7 @@ from pathlib import Path
 # the venv's installed package.
 from benchsupport import guestfs_mounted
 
-from guestfs.render.files import SERVED_FILES
+from guestfs.daemon.file_table import SERVED_FILES
 
 MiB = 1 << 20
 

@@ -5,7 +5,7 @@
 
 Part 1 (any user): a fresh ``python -I -S`` (the daemon's interpreter and flags, site
 imported under the hook so its cost shows) imports what the daemon imports, in its order:
-``site``, ``guestfs.commands.cli`` (the package loaded as ``_boot.py`` does), the FUSE binding and
+``site``, ``guestfs.cli.main`` (the package loaded as ``_boot.py`` does), the FUSE binding and
 the modules ``guestfs mount`` imports on its way to serving. A meta-path hook reads VmRSS
 from /proc/self/status around every module's execution: "cum" is a module's RSS delta
 including the modules it imports (as ``-X importtime``'s cumulative column), "self"
@@ -90,10 +90,10 @@ spec = importlib.util.spec_from_file_location(
 mod = importlib.util.module_from_spec(spec)
 sys.modules['guestfs'] = mod
 spec.loader.exec_module(mod)
-import guestfs.commands.cli
+import guestfs.cli.main
 from guestfs.daemon.fuse_binding import load_binding
 load_binding('auto')
-import guestfs.commands.mount
+import guestfs.daemon.mount
 print(json.dumps({'start': start, 'end': rss(), 'rows': rows}))
 """
 

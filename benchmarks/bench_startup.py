@@ -34,9 +34,9 @@ from collections.abc import Iterator
 # benchsupport sits next to this file (the script's directory is on sys.path).
 from benchsupport import BenchError, bench_cgroup, lxcfs_mounted, require_fuse
 
-from guestfs.commands.run import stop_process
 from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
 from guestfs.system.selfexec import guestfs_argv
+from guestfs.wrap.run import stop_process
 
 LIMIT_KB = 524288
 TARGET_S = 0.15

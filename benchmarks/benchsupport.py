@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guestfs.commands.run import stop_process
 from guestfs.daemon.mountpoint import wait_until
 from guestfs.sources.mountinfo import MountEntry, parse_mount_entries
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
+from guestfs.wrap.run import stop_process
 
 # The checkout this file is in, after everything else: tests/ is found there, and nothing
 # installed is shadowed by it.

@@ -1,3 +1,3 @@
-from guestfs.commands.cli import main
+from guestfs.cli.main import main
 
 raise SystemExit(main())

@@ -13,7 +13,7 @@ The daemon's unmount watcher (guestfs.daemon.privileges) runs it as
 but os and sys imported, since its memory counts in the daemon's container, and loads the
 package only to unmount. The seccomp guard runs it as ``python -I -S _boot.py
 --seccomp-guard FD [KEEPER_FD] [--then-answer MOUNTPOINT CALLS]`` (or ``--seccomp-keeper
-KEEPER_FD``) for the same reason (guestfs.system.seccomp_guard), and starts the successor
+KEEPER_FD``) for the same reason (guestfs.syscalls.guard), and starts the successor
 of a `guestfs run` that is gone as ``--seccomp-successor FD MOUNTPOINT CALLS``.
 """
 
@@ -42,7 +42,7 @@ def _load_own_package() -> None:
 
 def main(argv: list[str]) -> int:
     _load_own_package()
-    from guestfs.commands.cli import main as cli_main
+    from guestfs.cli.main import main as cli_main
 
     return cli_main(argv)
 
@@ -62,7 +62,7 @@ def unmount_watcher(fd: str, mountpoint: str) -> int:
 
 def seccomp_guard(sock_fd: str, keeper_fd: str | None = None, stay: bool = False,
                   successor: tuple[str, str] | None = None) -> int:
-    """The guard of seccomp listeners (guestfs.system.seccomp_guard): ignores the signals
+    """The guard of seccomp listeners (guestfs.syscalls.guard): ignores the signals
     a terminal or a process-group kill sends, then loads the package and keeps every
     listener it is handed until no supervisor is attached and their processes have
     exited. ``keeper_fd``: a listening socket on which a later agent takes them back.
@@ -72,7 +72,7 @@ def seccomp_guard(sock_fd: str, keeper_fd: str | None = None, stay: bool = False
     is gone (``--then-answer MOUNTPOINT CALLS``)."""
     _ignore_stop_signals()
     _load_own_package()
-    from guestfs.system.seccomp_guard import guard_main
+    from guestfs.syscalls.guard import guard_main
 
     guard_main(None if stay else int(sock_fd),
                int(keeper_fd) if keeper_fd is not None else None, stay, successor)
@@ -84,7 +84,7 @@ def seccomp_successor(sock_fd: str, mountpoint: str, calls: str) -> int:
     the listeners come over ``sock_fd`` as a keeper hands them back."""
     _ignore_stop_signals()
     _load_own_package()
-    from guestfs.commands.syscall_successor import serve_handed_over
+    from guestfs.syscalls.successor import serve_handed_over
 
     return serve_handed_over(int(sock_fd), mountpoint, calls)
 

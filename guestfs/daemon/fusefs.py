@@ -143,7 +143,7 @@ def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-cal
             self._per_handle = OpenRenderings()
             self._next = itertools.count(1)  # next() on a count is atomic in CPython
             # Served through the daemon, a GETATTR by path (a stat, or the permission check
-            # of an open: attributes are never cached there, commands/mount.py) renders the
+            # of an open: attributes are never cached there, daemon/mount.py) renders the
             # file for the asking reader and reports that rendering's size (reported_size);
             # the open that follows in the same thread takes it, so what is read is what
             # was sized.

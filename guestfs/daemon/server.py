@@ -21,10 +21,10 @@ from cachetools import LRUCache, TTLCache
 
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.defaults import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
+from guestfs.daemon.file_table import SERVED_FILES, ViewState, render_file
 from guestfs.daemon.readers import Reader, ReaderIds
 from guestfs.engine.explicit import ExplicitLimitError, ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
-from guestfs.render.files import SERVED_FILES, ViewState, render_file
 from guestfs.render.loadavg import SAMPLE_SECONDS
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup

@@ -1,7 +1,7 @@
 """The paths guestfs serves, and which of them run and attach bind by default.
 
 Names only, importing nothing: `guestfs run` needs them before anything else, and its
-start-up time is the app's (render/files.py holds how each is rendered)."""
+start-up time is the app's (daemon/file_table.py holds how each is rendered)."""
 
 CPU_LIST_FILES = ("/sys/devices/system/cpu/online", "/sys/devices/system/cpu/possible",
                   "/sys/devices/system/cpu/present")

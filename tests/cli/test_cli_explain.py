@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from guestfs.commands.cli import main
+from guestfs.cli.main import main
 from tests.conftest import FIXTURE_NAMES, fixture_root
 
 TOP_KEYS = {"schema", "pid", "cgroup_versions", "host", "memory", "swap", "cpu", "warnings"}
@@ -82,7 +82,7 @@ def test_show_and_explain_work_without_any_fuse_binding():
     import sys
 
     code = ("import sys; sys.modules['fuse'] = None; sys.modules['mfusepy'] = None\n"
-            "from guestfs.commands.cli import main\n"
+            "from guestfs.cli.main import main\n"
             f"root = {str(fixture_root('docker-v1'))!r}\n"
             "assert main(['show', '/proc/meminfo', '--root', root]) == 0\n"
             "assert main(['explain', '--root', root]) == 0\n"

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from guestfs.commands import ocihook
+from guestfs.inject import ocihook
 
 
 def test_state_and_config_parsing(tmp_path):
@@ -52,9 +52,10 @@ def test_the_installed_command_never_imports_from_its_working_directory(tmp_path
     `guestfs` package planted there must not be what runs as root."""
     exe = os.path.join(os.path.dirname(sys.executable), "guestfs")
     planted = tmp_path / "guestfs"
-    (planted / "commands").mkdir(parents=True)
-    for name in ("__init__.py", "__main__.py", "commands/__init__.py", "commands/cli.py",
-                 "commands/ocihook.py"):
+    for sub in ("cli", "inject"):
+        (planted / sub).mkdir(parents=True)
+    for name in ("__init__.py", "__main__.py", "cli/__init__.py", "cli/main.py",
+                 "inject/__init__.py", "inject/ocihook.py"):
         (planted / name).write_text("raise SystemExit(99)\n")
     out = subprocess.run([exe, "oci-hook", "--source", str(tmp_path)], input="{}",
                          cwd=tmp_path, capture_output=True, text=True, timeout=60,

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from guestfs.render.files import SERVED_FILES
+from guestfs.daemon.file_table import SERVED_FILES
 from tests.support.fusemount import mounted
 from tests.support.paths import REPO
 from tests.support.realcg import SEP

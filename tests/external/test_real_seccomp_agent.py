@@ -280,7 +280,7 @@ def handed_off_child(sock: str, go: int, out: int, others: tuple[int, ...]
     ``go``, then report what sysconf and the affinity mask say. ``others``: the parent's
     ends of the pipes, closed first: a child holding the write end of ``go`` would never
     see its end, and a failing test would hang reaping it."""
-    from guestfs.system.seccomp_filter import Interception, install_listener
+    from guestfs.syscalls.filter import Interception, install_listener
 
     try:
         for fd in others:

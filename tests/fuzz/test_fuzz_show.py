@@ -16,9 +16,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from guestfs.commands.cli import main
+from guestfs.cli.main import main
+from guestfs.daemon.file_table import SERVED_FILES
 from guestfs.daemon.server import ServerConfig, UnseenReader, ViewServer
-from guestfs.render.files import SERVED_FILES
 from guestfs.sources.host_root import HostRoot
 from tests.conftest import FIXTURE_NAMES, FIXTURES
 from tests.fuzz.test_fuzz_parsers import texts

@@ -7,10 +7,10 @@ from types import MappingProxyType
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from guestfs.daemon.file_table import ViewState
 from guestfs.engine.limits import EffectiveLimits
 from guestfs.engine.provenance import Resolved
 from guestfs.render.cpu import render_cpu_list, render_cpuinfo
-from guestfs.render.files import ViewState
 from guestfs.render.meminfo import render_meminfo, render_swaps
 from guestfs.render.stat import CpuClock, cpu_lines, render_stat
 from guestfs.sources.host_proc import HostInfo

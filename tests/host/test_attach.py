@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from guestfs.commands.run import stop_process
 from guestfs.system import sysmount
+from guestfs.wrap.run import stop_process
 from tests.support.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from guestfs.commands import attach as attach_mod
+from guestfs.inject import attach as attach_mod
 from guestfs.sources.containerdirs import dir_key, key_of_cgroup_text, path_of_key, split_spec
 from tests.host.test_attach import free_total
 from tests.support.fusemount import mounted, wait_for

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestfs.commands.run import stop_process
+from guestfs.wrap.run import stop_process
 from tests.host.test_attach import free_total
 from tests.support.fusemount import mounted, require_fuse, wait_for
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestfs.commands.run import stop_process
+from guestfs.daemon.file_table import SERVED_FILES
 from guestfs.daemon.mountpoint import is_guestfs_mount
-from guestfs.render.files import SERVED_FILES
 from guestfs.system.selfexec import guestfs_argv
+from guestfs.wrap.run import stop_process
 from tests.support.fusemount import private_mountpoint, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

@@ -288,7 +288,7 @@ def test_mmap_of_every_served_file_never_dies_of_sigbus(tmp_path):
     """A private mmap of st_size (whole pages, never 0) maps one whole rendering and zeros,
     for every served file; the MAP_SHARED one is refused. Run in a subprocess: a SIGBUS
     there cannot take pytest down."""
-    from guestfs.render.files import SERVED_FILES
+    from guestfs.daemon.file_table import SERVED_FILES
 
     mp = str(tmp_path / "mnt")
     with mounted(mp, log=str(tmp_path / "log")):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.commands.run import stop_process
+from guestfs.wrap.run import stop_process
 from tests.host.test_attach_safety import app_namespace, run_attach
 from tests.support.fusemount import mounted, wait_for
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from guestfs.daemon.file_table import SERVED_FILES
 from guestfs.daemon.mountpoint import is_guestfs_mount
-from guestfs.render.files import SERVED_FILES
 from guestfs.system import sysmount
 from tests.support.fusemount import force_unmount, mounted, require_fuse, wait_for
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from guestfs.commands import mountlock
+from guestfs.daemon import mountlock
 from tests.support.fusemount import force_unmount, require_fuse, wait_for
 
 

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from guestfs.commands.run import RunError, start_daemon, stop_process
 from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.system.selfexec import guestfs_argv
+from guestfs.wrap.run import RunError, start_daemon, stop_process
 from tests.support.fusemount import private_mountpoint, require_fuse
 
 pytestmark = pytest.mark.real

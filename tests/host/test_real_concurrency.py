@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from guestfs.render.files import SERVED_FILES
+from guestfs.daemon.file_table import SERVED_FILES
 from tests.support.fusemount import mounted
 from tests.support.realcg import _v1_dir, require_v1_root
 

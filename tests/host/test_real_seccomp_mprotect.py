@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.commands.syscall_view import VIEW_FILES, ServedView, make_handlers, texts_under
-from guestfs.system.seccomp_filter import Interception, install_listener, this_arch
-from guestfs.system.seccomp_notify import NotificationLoop
+from guestfs.syscalls.answers import VIEW_FILES, ServedView, make_handlers, texts_under
+from guestfs.syscalls.filter import Interception, install_listener, this_arch
+from guestfs.syscalls.notify import NotificationLoop
 from tests.support.paths import SUPPORT
 
 pytestmark = pytest.mark.real
@@ -127,7 +127,7 @@ def test_a_page_made_read_only_right_before_the_copy_is_not_written(tmp_path,
         pytest.skip("installing a filter without NoNewPrivs needs CAP_SYS_ADMIN")
     cmd_r, cmd_w = os.pipe()
     ack_r, ack_w = os.pipe()
-    from guestfs.system import seccomp_notify as sn
+    from guestfs.syscalls import notify as sn
 
     started = []
 

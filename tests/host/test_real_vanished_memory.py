@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
+from guestfs.daemon.file_table import SERVED_FILES
 from guestfs.daemon.fusefs import MAX_VANISHED
-from guestfs.render.files import SERVED_FILES
 from guestfs.render.loadavg import SAMPLE_SECONDS
 from guestfs.sources.containerdirs import key_of_cgroup_text
 from tests.host.test_daemon_rss import daemon, status_kib

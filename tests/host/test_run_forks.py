@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from guestfs.commands.rundaemon import DAEMON_NAME, ForkedDaemon, RunError, fork_daemon
 from guestfs.daemon.daemon_status import read_status
-from guestfs.system.seccomp_guard import GUARD_NAME, ListenerGuard
+from guestfs.syscalls.guard import GUARD_NAME, ListenerGuard
+from guestfs.wrap.daemon_process import DAEMON_NAME, ForkedDaemon, RunError, fork_daemon
 from tests.support.fusemount import private_mountpoint, require_fuse
 from tests.support.mounts import force_unmount, wait_for
 from tests.support.procs import alive

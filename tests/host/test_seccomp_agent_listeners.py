@@ -13,11 +13,11 @@ import threading
 
 import pytest
 
-from guestfs.commands.seccomp_agent import (
+from guestfs.inject.seccomp_agent import (
     MAX_STATE,
     Agent,
 )
-from guestfs.system.seccomp_filter import Interception, install_listener, this_arch
+from guestfs.syscalls.filter import Interception, install_listener, this_arch
 from tests.support.fusemount import wait_for
 from tests.support.procs import open_fds
 

@@ -17,13 +17,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestfs.system.seccomp_guard import (
+from guestfs.syscalls.guard import (
     BUSY,
     END,
     MAX_META,
     ListenerGuard,
 )
-from guestfs.system.seccomp_keeper import (
+from guestfs.syscalls.keeper import (
     GUARD_SOCKET,
     SocketError,
     attach,
@@ -32,7 +32,7 @@ from guestfs.system.seccomp_keeper import (
     described,
     start_lock,
 )
-from guestfs.system.seccomp_notify import receive, respond
+from guestfs.syscalls.notify import receive, respond
 from tests.support.fusemount import wait_for
 from tests.support.procs import alive
 
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.real
 
 def live_listener_child(go: int, out: int, sock: socket.socket) -> None:  # pragma: no cover
     """Install a notifying filter, send its listener, then sysconf once per byte on go."""
-    from guestfs.system.seccomp_filter import Interception, install_listener
+    from guestfs.syscalls.filter import Interception, install_listener
 
     try:
         socket.send_fds(sock, [b"L"], [install_listener(Interception())])

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.commands import supervise
-from guestfs.commands.run import stop_process
 from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.wrap import supervise
+from guestfs.wrap.run import stop_process
 from tests.support.fusemount import force_unmount, mounted, require_fuse, wait_for
 
 pytestmark = pytest.mark.real

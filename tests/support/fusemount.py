@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.commands.run import stop_process
-from guestfs.commands.rundaemon import DAEMON_NAME
 from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.wrap.daemon_process import DAEMON_NAME
+from guestfs.wrap.run import stop_process
 from tests.support.mounts import force_unmount, wait_for
 
 

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 
-from guestfs.commands.run import stop_process
+from guestfs.wrap.run import stop_process
 from tests.support.mounts import force_unmount, wait_for
 
 MISSING = "lxcfs is missing: .ci/setup installs Debian's lxcfs"

@@ -10,9 +10,9 @@ def plant_package(d: Path, body: str) -> None:
     (d / "guestfs").mkdir()
     (d / "guestfs" / "__init__.py").write_text(body)
     (d / "guestfs" / "__main__.py").write_text(body)
-    (d / "guestfs" / "commands").mkdir()
-    (d / "guestfs" / "commands" / "__init__.py").write_text(body)
-    (d / "guestfs" / "commands" / "cli.py").write_text(body)
+    (d / "guestfs" / "cli").mkdir()
+    (d / "guestfs" / "cli" / "__init__.py").write_text(body)
+    (d / "guestfs" / "cli" / "main.py").write_text(body)
 
 
 def pwn(marker: Path) -> str:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from guestfs.render.files import SERVED_FILES, ViewState, render_file
+from guestfs.daemon.file_table import SERVED_FILES, ViewState, render_file
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.snapshot import read_snapshot
 from tests.conftest import limits_of

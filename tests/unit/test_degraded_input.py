@@ -84,7 +84,7 @@ def test_a_failing_render_serves_the_last_good_one_not_the_hosts(copy_fixture):
 
 
 def test_show_reports_a_malformed_host_file_in_one_line(copy_fixture, capsys):
-    from guestfs.commands.cli import main
+    from guestfs.cli.main import main
 
     root = copy_fixture("k8s-systemd-v2-burstable")
     put(root, "/proc/uptime", "")

@@ -1,6 +1,8 @@
-"""The pipeline's imports run one way (README's Architecture): sources <- engine <- render
-<- daemon <- commands, with system/ beneath them all, and no module imports itself back
-through a cycle. Read with ast, so a function-level import counts as much as a top one."""
+"""The package's imports run one way (README's Architecture): system <- sources <- engine
+<- render <- daemon, syscalls <- wrap, inject <- cli; stages of one rank never import each
+other, renderers import only pure modules (an allowlist), and no module imports itself
+back through a cycle. Read with ast, so a function-level import counts as much as a top
+one."""
 
 from __future__ import annotations
 
@@ -10,10 +12,21 @@ from pathlib import Path
 from tests.support.paths import REPO
 
 PKG = REPO / "guestfs"
-# Rank of each stage: a module may import its own stage or a lower one, never a higher.
-STAGES = {"system": 0, "sources": 1, "engine": 2, "render": 3, "daemon": 4, "commands": 5}
+# Rank of each stage: a module may import its own stage or a lower one, never a higher,
+# nor another stage of its own rank.
+STAGES = {"system": 0, "sources": 1, "engine": 2, "render": 3, "daemon": 4, "syscalls": 4,
+          "wrap": 5, "inject": 5, "cli": 6}
 PACKAGE = -1   # guestfs/__init__.py: the version and default paths, beneath everything
-TOP = 6        # guestfs/__main__.py, _boot.py: the entry points, above every stage
+TOP = 7        # guestfs/__main__.py, _boot.py: the entry points, above every stage
+# What a renderer may import from outside render/: the engine's results and the pure
+# parsers of sources/, by name. Anything else (a reader of host files) makes it impure.
+PURE_FOR_RENDER = {
+    "guestfs.engine.limits": {"EffectiveLimits"},
+    "guestfs.sources.cgroup_files": {"parse_cpu_list"},
+    "guestfs.sources.host_proc": {"parse_meminfo", "parse_uptime"},
+    "guestfs.sources.usage_parsers": {"ContainerAge", "CpuUsage", "IoCounters",
+                                      "TaskCounts", "USER_HZ"},
+}
 
 
 def _module(path: Path) -> str:
@@ -55,6 +68,45 @@ def test_no_import_points_up_the_pipeline():
     up = sorted(f"{m} -> {i}" for m, deps in _graph().items() for i in deps
                 if _rank(i) > _rank(m))
     assert up == []
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else ""
+
+
+def test_peers_of_one_rank_never_import_each_other():
+    across = sorted(f"{m} -> {i}" for m, deps in _graph().items() for i in deps
+                    if _stage(m) in STAGES and _stage(i) in STAGES
+                    and _stage(m) != _stage(i) and _rank(m) == _rank(i))
+    assert across == []
+
+
+def test_every_stage_folder_says_its_purpose():
+    for stage in STAGES:
+        doc = ast.get_docstring(ast.parse((PKG / stage / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, stage
+    assert sorted(p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__") \
+        == sorted(STAGES)
+
+
+def _names_imported(path: Path) -> list[tuple[str, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and \
+                node.module.startswith("guestfs."):
+            out.extend((node.module, a.name) for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.extend((a.name, "*") for a in node.names if a.name.startswith("guestfs"))
+    return out
+
+
+def test_renderers_import_only_pure_modules():
+    impure = sorted(f"{p.name}: {mod}.{name}" for p in (PKG / "render").glob("*.py")
+                    for mod, name in _names_imported(p)
+                    if not mod.startswith("guestfs.render")
+                    and name not in PURE_FOR_RENDER.get(mod, set()))
+    assert impure == []
 
 
 def test_no_import_cycles():

@@ -53,7 +53,7 @@ def test_wrapper_takes_its_limits_from_a_downward_api_volume_that_kubelet_refres
     """Env vars keep their start values after an in-place resize and, being part of the
     minimum, would hide a raised limit: the limits come from a volume, in the units the
     command line says."""
-    from guestfs.commands.cli import build_parser
+    from guestfs.cli.main import build_parser
 
     spec = pod_spec("wrapper", "deployment.yaml")
     (app,) = spec["containers"]
@@ -135,7 +135,7 @@ def test_sidecar_needs_no_privileged_mode_nor_bidirectional_propagation():
 
 def test_daemonset_shares_the_nodes_mount_lock_directory():
     """Two pods of a rolling update on one node must see one lock, or both would mount."""
-    from guestfs.commands.mountlock import LOCK_DIR
+    from guestfs.daemon.mountlock import LOCK_DIR
 
     spec = pod_spec("daemonset", "daemonset.yaml")
     volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
@@ -166,7 +166,7 @@ def test_daemonset_runs_the_seccomp_agent_on_the_per_container_mount():
     """The agent's socket is the profile's listenerPath, on the node; it reads the
     per-container mount the node sees (HostToContainer) in the node's pid namespace; it
     never starts a guard of its own in its container (--external-guard)."""
-    from guestfs.commands.cli import build_parser
+    from guestfs.cli.main import build_parser
     from tests.external.test_real_seccomp_agent import docs_profile
 
     spec = pod_spec("daemonset", "daemonset.yaml")
@@ -210,7 +210,7 @@ def test_the_seccomp_guard_outlives_agent_restarts_and_guestfs_upgrades():
     """A DaemonSet of its own, updated only when its pod is deleted: an upgrade of the
     guestfs DaemonSet replaces the agent's pod, never the guard's. Unprivileged, never
     evicted, Guaranteed; its directory is the agent socket's, on the node."""
-    from guestfs.commands.cli import build_parser
+    from guestfs.cli.main import build_parser
 
     guards = [d for d in documents(K8S / "daemonset" / "daemonset.yaml")
               if d["metadata"]["name"] == "guestfs-seccomp-guard"]

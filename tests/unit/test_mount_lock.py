@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.commands import mountlock
-from guestfs.commands.mount import hold_mount_lock
+from guestfs.daemon import mountlock
+from guestfs.daemon.mount import hold_mount_lock
 from guestfs.daemon.mountpoint import MountError
 
 
@@ -120,7 +120,7 @@ def test_a_file_removed_between_open_and_flock_is_not_trusted(tmp_path, lock_dir
 def test_a_users_locks_are_its_own(monkeypatch, tmp_path):
     """Non-root, the node's /run/guestfs-locks is not writable (mount blamed it): a user's
     locks go in its runtime directory, else a directory of its uid under /tmp."""
-    from guestfs.commands import mountlock
+    from guestfs.daemon import mountlock
 
     monkeypatch.setattr(mountlock.os, "geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from guestfs.commands import oomadj
-from guestfs.commands.oomadj import OOM_FIRST, OOM_LAST, OomPlan, apply_to_app, shield_wrapper
+from guestfs.wrap import oomadj
+from guestfs.wrap.oomadj import OOM_FIRST, OOM_LAST, OomPlan, apply_to_app, shield_wrapper
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_no_or_bad_oom_score_adj_means_nothing_to_do(adj, content):
 def test_the_daemon_does_not_load_importlib_metadata():
     """What the daemon imports is resident in the app's cgroup for its whole life; the
     binding's version for the startup log is read without importlib.metadata (~2 MiB)."""
-    code = ("import sys, guestfs.commands.cli, guestfs.commands.mount, guestfs.commands.run; "
+    code = ("import sys, guestfs.cli.main, guestfs.daemon.mount, guestfs.wrap.run; "
             "from guestfs.daemon.fuse_binding import load_binding, _version; b = load_binding(); "
             "assert 'importlib.metadata' not in sys.modules, 'importlib.metadata loaded'; "
             "print(b.name, _version('no-such-dist'))")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from guestfs.commands import mountlock, runspace
+from guestfs.daemon import mountlock
+from guestfs.wrap import runspace
 
 
 def test_the_parent_skips_missing_symlinked_and_needed_directories(tmp_path, monkeypatch):

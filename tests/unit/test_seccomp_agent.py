@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from guestfs.commands.seccomp_agent import (
+from guestfs.inject.seccomp_agent import (
     MAX_DEPTH,
     Agent,
     AgentError,
@@ -21,7 +21,7 @@ from guestfs.commands.seccomp_agent import (
     parse_state,
     receive_handoff,
 )
-from guestfs.system.seccomp_filter import ARCHES
+from guestfs.syscalls.filter import ARCHES
 from tests.support.procs import open_fds
 
 # What runc 1.1 sends (libcontainer/process_linux.go, sendContainerProcessState).

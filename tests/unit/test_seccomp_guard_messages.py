@@ -10,9 +10,9 @@ import socket
 
 import pytest
 
-from guestfs.system.seccomp_filter import Interception
-from guestfs.system.seccomp_guard import MAX_META, listener_message, parse_message
-from guestfs.system.seccomp_keeper import describe, described
+from guestfs.syscalls.filter import Interception
+from guestfs.syscalls.guard import MAX_META, listener_message, parse_message
+from guestfs.syscalls.keeper import describe, described
 
 
 def is_open(fd: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from guestfs.system import seccomp_notify as sn
+from guestfs.syscalls import notify as sn
 
 NOTE = sn.Notification(id=7, pid=4242, nr=99, arch=0xC000003E, args=(0x1000, 0, 0, 0, 0, 0))
 

@@ -16,7 +16,7 @@ from guestfs.render.sysinfo import (
     parse_view,
     same_cpus,
 )
-from guestfs.system.seccomp_filter import (
+from guestfs.syscalls.filter import (
     ARCHES,
     SECCOMP_RET_ALLOW,
     SECCOMP_RET_USER_NOTIF,
@@ -165,7 +165,7 @@ def test_caller_memory_writes_only_where_the_caller_may(monkeypatch, two_pages, 
     import ctypes
     import os
 
-    from guestfs.system import seccomp_notify as sn
+    from guestfs.syscalls import notify as sn
 
     monkeypatch.setattr(sn, "still_valid", lambda listener, nid: True)
     note = sn.Notification(1, os.getpid(), 99, 0, (0,) * 6)

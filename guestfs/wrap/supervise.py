@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from guestfs.commands import mountlock
+from guestfs.daemon import mountlock
 from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.sources.mountinfo import unescape
 from guestfs.system import sysmount

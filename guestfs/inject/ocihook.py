@@ -35,8 +35,8 @@ import sys
 from typing import Any, TextIO
 
 from guestfs import DEFAULT_HOOK_SOURCE
-from guestfs.commands.attach import attach_in_child
-from guestfs.commands.inchild import run_in_child
+from guestfs.inject.attach import attach_in_child
+from guestfs.inject.enter import run_in_child
 from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
 from guestfs.system.oneline import one_line

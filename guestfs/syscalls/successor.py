@@ -1,6 +1,6 @@
 """sysinfo(2) and the CPU count for an app whose `guestfs run` is gone (killed with -9, an
 OOM kill): its guard starts this successor and hands it the app's listener, as a keeper
-hands listeners back to a restarted agent (guestfs.system.seccomp_guard).
+hands listeners back to a restarted agent (guestfs.syscalls.guard).
 
 The app's files keep serving after run is gone: the app holds a share of the mount's
 users lock (run.share_users_lock), so its daemon does not stop. The successor answers
@@ -16,10 +16,10 @@ import logging
 import os
 import socket
 
-from guestfs.commands.syscall_view import ServedView, supervise_listener, texts_under
-from guestfs.system.seccomp_filter import Interception
-from guestfs.system.seccomp_guard import END, ListenerGuard
-from guestfs.system.seccomp_keeper import Kept, receive_handback
+from guestfs.syscalls.answers import ServedView, supervise_listener, texts_under
+from guestfs.syscalls.filter import Interception
+from guestfs.syscalls.guard import END, ListenerGuard
+from guestfs.syscalls.keeper import Kept, receive_handback
 
 log = logging.getLogger("guestfs.seccomp")
 

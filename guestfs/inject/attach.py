@@ -31,7 +31,7 @@ import stat
 import time
 from dataclasses import dataclass
 
-from guestfs.commands.inchild import CHILD_TIMEOUT, AttachError, run_in_child
+from guestfs.inject.enter import CHILD_TIMEOUT, AttachError, run_in_child
 from guestfs.render.served import BOUND_BY_DEFAULT
 from guestfs.sources.containerdirs import BadKey, key_of_cgroup_text
 from guestfs.sources.host_root import HostRoot

@@ -1,4 +1,4 @@
-"""The seccomp agent's side of its keeper guard (guestfs.system.seccomp_guard): find the
+"""The seccomp agent's side of its keeper guard (guestfs.syscalls.guard): find the
 guard in the agent's directory, take back the listeners it kept from an earlier agent, or
 start a guard when there is none.
 
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from guestfs.system.seccomp_guard import (
+from guestfs.syscalls.guard import (
     BUSY,
     END,
     HANDBACK_TIMEOUT,

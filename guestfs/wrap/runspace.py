@@ -21,7 +21,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from guestfs.commands import mountlock
+from guestfs.daemon import mountlock
 from guestfs.daemon.mountpoint import mount_entry
 from guestfs.system import sysmount
 

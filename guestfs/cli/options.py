@@ -74,7 +74,7 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, one_line(f"{self.prog}: {message} (see {self.prog} --help)") + "\n")
 
-# sched_getaffinity answers under `guestfs run` (commands/syscall_view.py says why).
+# sched_getaffinity answers under `guestfs run` (syscalls/answers.py says why).
 AFFINITY_MODES = ("view", "pin", "host")
 
 

@@ -27,7 +27,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from guestfs.commands.oomadj import OomPlan, apply_to_app
 from guestfs.sources.timens import enter_container_boottime
 from guestfs.system.caps import (
     CAP_SETPCAP,
@@ -38,6 +37,7 @@ from guestfs.system.caps import (
     limit_bounding_to,
     permitted_caps,
 )
+from guestfs.wrap.oomadj import OomPlan, apply_to_app
 
 log = logging.getLogger("guestfs.run")
 

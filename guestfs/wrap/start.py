@@ -8,11 +8,12 @@ import contextlib
 import os
 from dataclasses import dataclass
 
-from guestfs.commands import mountlock, runspace, supervise
-from guestfs.commands.oomadj import OomPlan, shield_wrapper
-from guestfs.commands.rundaemon import Entry, ForkedDaemon, fork_daemon
-from guestfs.commands.runspace import RunSpace
+from guestfs.daemon import mountlock
 from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.wrap import runspace, supervise
+from guestfs.wrap.daemon_process import Entry, ForkedDaemon, fork_daemon
+from guestfs.wrap.oomadj import OomPlan, shield_wrapper
+from guestfs.wrap.runspace import RunSpace
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,8 @@ import struct
 import subprocess
 import time
 
+from guestfs.syscalls.notify import receive, respond
 from guestfs.system import forked
-from guestfs.system.seccomp_notify import receive, respond
 from guestfs.system.selfexec import SECCOMP_GUARD, SECCOMP_SUCCESSOR, THEN_ANSWER, helper_argv
 
 log = logging.getLogger("guestfs.seccomp")

@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from guestfs.commands import mountlock
-from guestfs.daemon import privileges
+from guestfs.daemon import mountlock, privileges
 from guestfs.daemon.fuse_binding import load_binding
 from guestfs.daemon.fusefs import REVALIDATE, make_operations
 from guestfs.daemon.mountpoint import (

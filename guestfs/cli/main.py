@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from guestfs import DEFAULT_HOOK_SOURCE, DEFAULT_MOUNTPOINT, __version__
-from guestfs.commands.options import (
+from guestfs.cli.options import (
     AFFINITY_MODES,
     CliError,
     OneLineParser,
@@ -61,7 +61,7 @@ def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from guestfs.commands.explain import json_text, to_json, to_text
+    from guestfs.cli.explain import json_text, to_json, to_text
     from guestfs.daemon.daemon_status import format_status, read_status
 
     _, _, lim = compute_limits(args)
@@ -89,7 +89,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"guestfs: {args.file}: not a served file; served files are:\n  "
               + "\n  ".join(SERVED_FILES), file=sys.stderr)
         return 2
-    from guestfs.render.files import render_file
+    from guestfs.daemon.file_table import render_file
     from guestfs.sources.host_root import HostReadError
 
     host, snap, lim = compute_limits(args)
@@ -113,9 +113,9 @@ while the cgroup lives (one made again at the same path starts a fresh clock).
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from guestfs.commands.mount import MountOptions, serve
     from guestfs.daemon.fuse_binding import BindingError
     from guestfs.daemon.lowmem import one_malloc_arena
+    from guestfs.daemon.mount import MountOptions, serve
     from guestfs.daemon.mountpoint import MountError, check_fuse_device
     from guestfs.sources.host_root import HostRoot
     from guestfs.sources.snapshot import pinned_cgroup_dirs
@@ -123,7 +123,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose, args.quiet)
     if args.lock_dir:
-        from guestfs.commands import mountlock
+        from guestfs.daemon import mountlock
 
         mountlock.use_lock_dir(os.path.abspath(args.lock_dir))
     if args.per_container and args.cgroup:
@@ -149,10 +149,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guestfs.commands.rundaemon import RunError
-    from guestfs.commands.runstart import begin
     from guestfs.daemon.mountpoint import MountError, check_fuse_device, refuse_symlink
     from guestfs.system.caps import CAP_SYS_ADMIN, effective_caps
+    from guestfs.wrap.daemon_process import RunError
+    from guestfs.wrap.start import begin
 
     setup_logging(args.verbose, quiet=not args.verbose)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -175,7 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         start = begin(mp, mount_argv(args), args.mountpoint is not None, entry=main)
         # Loaded while the daemon starts (runstart.py): the app side, from here on.
-        from guestfs.commands.run import run
+        from guestfs.wrap.run import run
 
         return run(start, cmd, args.bind_pressure, keep_caps=args.keep_caps,
                    host_clock=args.host_clock, sysinfo=args.sysinfo,
@@ -185,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from guestfs.commands.attach import attach, watch
+    from guestfs.inject.attach import attach, watch
 
     setup_logging(args.verbose)
     try:
@@ -205,14 +205,14 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_oci_hook(args: argparse.Namespace) -> int:
-    from guestfs.commands.ocihook import main as hook_main
+    from guestfs.inject.ocihook import main as hook_main
 
     return hook_main(args.source, args.strict, args.per_container, args.timeout,
                      verbose=args.verbose, log_file=args.log_file)
 
 
 def cmd_seccomp_agent(args: argparse.Namespace) -> int:
-    from guestfs.commands.seccomp_agent import serve_agent
+    from guestfs.inject.seccomp_agent import serve_agent
 
     setup_logging(args.verbose)
     try:
@@ -223,7 +223,7 @@ def cmd_seccomp_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_seccomp_guard(args: argparse.Namespace) -> int:
-    from guestfs.system.seccomp_keeper import exec_standalone_guard
+    from guestfs.syscalls.keeper import exec_standalone_guard
 
     try:
         exec_standalone_guard(os.path.abspath(args.dir))

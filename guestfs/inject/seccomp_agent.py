@@ -20,9 +20,9 @@ into that container, so its files and its system calls agree. One thread answers
 container (a node runs hundreds; calls are rare and answered in tens of microseconds);
 hand-offs never hold it.
 
-Every listener is also given to a guard (guestfs.system.seccomp_guard) with its
+Every listener is also given to a guard (guestfs.syscalls.guard) with its
 container's name and key; it continues their calls while no agent runs and hands them
-back to the next agent, which serves them again at start (guestfs.system.seccomp_keeper).
+back to the next agent, which serves them again at start (guestfs.syscalls.keeper).
 """
 
 from __future__ import annotations
@@ -40,17 +40,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from guestfs.commands.syscall_view import (
+from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
+from guestfs.sources.proc_cgroup import parse_proc_cgroup
+from guestfs.syscalls.answers import (
     ServedView,
     interception_for,
     make_handlers,
     texts_under,
 )
-from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
-from guestfs.sources.proc_cgroup import parse_proc_cgroup
-from guestfs.system.seccomp_filter import Arch, this_arch
-from guestfs.system.seccomp_guard import peer_creds
-from guestfs.system.seccomp_keeper import (
+from guestfs.syscalls.filter import Arch, this_arch
+from guestfs.syscalls.guard import peer_creds
+from guestfs.syscalls.keeper import (
     GuardLink,
     SocketError,
     attach_waiting,
@@ -60,7 +60,7 @@ from guestfs.system.seccomp_keeper import (
     owned_private_dir,
     remove_stale,
 )
-from guestfs.system.seccomp_notify import (
+from guestfs.syscalls.notify import (
     Handler,
     receive,
     respond,

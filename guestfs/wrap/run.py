@@ -15,12 +15,10 @@ import sys
 import tempfile
 import threading
 
-from guestfs.commands import runspace, supervise
-from guestfs.commands.apppriv import AppSetup, container_clock_source, prepare_app
-from guestfs.commands.rundaemon import Daemon, RunError, start_daemon, wait_ready
-from guestfs.commands.runspace import RunSpace
-from guestfs.commands.runstart import RunStart
-from guestfs.commands.syscall_view import (
+from guestfs.daemon.mountpoint import wait_until
+from guestfs.render.served import BOUND_BY_DEFAULT, SERVED_FILES
+from guestfs.sources.host_root import pread_path
+from guestfs.syscalls.answers import (
     ServedView,
     SyscallSupervisor,
     hand_over_listener,
@@ -29,12 +27,14 @@ from guestfs.commands.syscall_view import (
     take_listener,
     texts_under,
 )
-from guestfs.daemon.mountpoint import wait_until
-from guestfs.render.served import BOUND_BY_DEFAULT, SERVED_FILES
-from guestfs.sources.host_root import pread_path
+from guestfs.syscalls.filter import Interception
+from guestfs.syscalls.guard import ListenerGuard
 from guestfs.system import sysmount
-from guestfs.system.seccomp_filter import Interception
-from guestfs.system.seccomp_guard import ListenerGuard
+from guestfs.wrap import runspace, supervise
+from guestfs.wrap.apppriv import AppSetup, container_clock_source, prepare_app
+from guestfs.wrap.daemon_process import Daemon, RunError, start_daemon, wait_ready
+from guestfs.wrap.runspace import RunSpace
+from guestfs.wrap.start import RunStart
 
 log = logging.getLogger("guestfs.run")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,

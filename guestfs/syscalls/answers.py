@@ -41,15 +41,15 @@ from guestfs.render.sysinfo import (
     same_cpus,
 )
 from guestfs.sources.host_root import pread_path
-from guestfs.system.seccomp_filter import (
+from guestfs.syscalls.filter import (
     Arch,
     Interception,
     SeccompUnavailable,
     install_listener,
     this_arch,
 )
-from guestfs.system.seccomp_guard import ListenerGuard
-from guestfs.system.seccomp_notify import (
+from guestfs.syscalls.guard import ListenerGuard
+from guestfs.syscalls.notify import (
     CONTINUE,
     EFAULT,
     Answer,
