@@ -31,7 +31,7 @@ from guestfs.sources.host_root import HostReadError, HostRoot
 from guestfs.sources.proc_cgroup import PidGone
 from guestfs.sources.snapshot import Snapshot, pinned_cgroup_dirs, read_snapshot
 from guestfs.system import ratelog
-from guestfs.system.oneline import one_line
+from guestfs.system.oneline import one_line, os_error_line
 
 
 def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
@@ -46,7 +46,7 @@ def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
         host = HostRoot(args.root)
         snap = read_snapshot(host, args.pid)
     except PidGone as e:
-        raise CliError(f"{e} (has it exited?)") from e
+        raise CliError(str(e)) from e
     except (HostReadError, HostInfoError) as e:
         raise CliError(f"cannot read the host under {args.root}: {e}") from e
     return host, snap, effective_limits(snap, explicit, rounding)
@@ -59,7 +59,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         try:
             status = read_status(args.mount)
         except OSError as e:
-            raise CliError(f"--mount {args.mount}: {e}") from e
+            raise CliError(f"--mount {args.mount}: {os_error_line(e)}") from e
     if args.json:
         doc = to_json(lim)
         if status is not None:
@@ -113,10 +113,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.per_container and args.cgroup:
         raise UsageError("mount: --per-container serves every container's cgroup; it takes "
                          "no --cgroup")
-    if args.cgroup is not None and not pinned_cgroup_dirs(HostRoot(), args.cgroup):
-        # Served anyway, its view would be the node's numbers with nothing counted.
-        raise CliError(f"mount: --cgroup {args.cgroup}: no such cgroup in any cgroup "
-                       "mount; give the path as /proc/<pid>/cgroup shows it")
+    check_cgroup("mount", args.cgroup)
     env = dict(os.environ)
     explicit, rounding = explicit_from_args(args, env)
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
@@ -129,19 +126,40 @@ def cmd_mount(args: argparse.Namespace) -> int:
         check_fuse_device()
         return serve(opts)
     except (MountError, BindingError, OSError) as e:
-        raise CliError(str(e)) from e
+        raise CliError(failure_line(e)) from e
+
+
+def check_cgroup(command: str, cgroup: str | None) -> None:
+    if cgroup is not None and not pinned_cgroup_dirs(HostRoot(), cgroup):
+        # Served anyway, its view would be the node's numbers with nothing counted.
+        raise CliError(f"{command}: --cgroup {cgroup}: no such cgroup in any cgroup "
+                       "mount; give the path as /proc/<pid>/cgroup shows it")
+
+
+def failure_line(e: Exception) -> str:
+    """The one line a caught failure prints: an OSError without Python's "[Errno N]"."""
+    return os_error_line(e) if isinstance(e, OSError) else str(e)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from guestfs.commands.run import RunError, run
-    from guestfs.daemon.mountpoint import MountError, check_fuse_device, refuse_symlink
+    from guestfs.daemon.mountpoint import (
+        MountError,
+        check_fuse_device,
+        refuse_foreign_mount,
+        refuse_non_directory,
+        refuse_symlink,
+    )
     from guestfs.system.caps import CAP_SYS_ADMIN, effective_caps
 
     setup_logging(args.verbose, quiet=not args.verbose)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise UsageError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
-    explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
+    # Whatever the daemon would refuse is refused here, before it is started: its line
+    # and run's own "did not come up" would be two.
+    explicit_from_args(args, dict(os.environ))
+    check_cgroup("run", args.cgroup)
     mp = args.mountpoint or DEFAULT_MOUNTPOINT
     if CAP_SYS_ADMIN not in effective_caps():
         # Checked first: everything after (the private namespace, FUSE, the binds) fails
@@ -152,6 +170,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "--cap-add SYS_ADMIN)")
     try:
         refuse_symlink(mp)   # before a daemon is started for it
+        refuse_non_directory(mp)
+        refuse_foreign_mount(mp)
         check_fuse_device()
     except MountError as e:
         raise CliError(f"run: {e}") from e
@@ -161,7 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                    sysinfo=args.sysinfo, affinity=args.cpu_affinity,
                    explicit_mountpoint=args.mountpoint is not None)
     except (RunError, OSError) as e:
-        raise CliError(str(e)) from e
+        raise CliError(failure_line(e)) from e
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -180,7 +200,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
             print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)} "
                   f"({res.method}) from {res.source}")
     except OSError as e:  # AttachError: already one line naming the pid and the file
-        raise CliError(str(e)) from e
+        raise CliError(failure_line(e)) from e
     return 0
 
 
@@ -199,7 +219,7 @@ def cmd_seccomp_agent(args: argparse.Namespace) -> int:
         return serve_agent(args.socket, args.source, args.sysinfo, args.cpu_affinity,
                            args.external_guard)
     except OSError as e:
-        raise CliError(f"seccomp-agent: {e}") from e
+        raise CliError(f"seccomp-agent: {failure_line(e)}") from e
 
 
 def cmd_seccomp_guard(args: argparse.Namespace) -> int:
@@ -208,7 +228,7 @@ def cmd_seccomp_guard(args: argparse.Namespace) -> int:
     try:
         exec_standalone_guard(os.path.abspath(args.dir))
     except OSError as e:
-        raise CliError(f"seccomp-guard: {e}") from e
+        raise CliError(f"seccomp-guard: {failure_line(e)}") from e
     return 1
 
 
@@ -404,6 +424,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(e, UsageError) else 1
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        # Each command turns the failures a user can cause into a CliError naming the
+        # fix; one that escapes is still one line, not a traceback.
+        print(f"guestfs: {args.command}: {os_error_line(e)}", file=sys.stderr)
+        return 1
 
 
 def setup_logging(verbose: bool, quiet: bool = False) -> None:

@@ -34,6 +34,7 @@ from guestfs.daemon.mountpoint import is_guestfs_mount, wait_until
 from guestfs.render.files import BOUND_BY_DEFAULT, SERVED_FILES
 from guestfs.sources.host_root import pread_path
 from guestfs.system import sysmount
+from guestfs.system.oneline import one_line, os_error_line
 from guestfs.system.seccomp_filter import Interception
 from guestfs.system.seccomp_guard import ListenerGuard
 from guestfs.system.selfexec import guestfs_argv
@@ -228,12 +229,13 @@ def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
             hand_over_listener(*seccomp)   # before prepare_app drops CAP_SYS_ADMIN
         prepare_app(app)
     except OSError as e:
-        print(f"guestfs run: {e}", file=sys.stderr)
+        print(f"guestfs run: {os_error_line(e)}", file=sys.stderr)
         os._exit(127)
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:
-        print(f"guestfs run: {cmd[0]}: {e}", file=sys.stderr)
+        print(one_line(f"guestfs run: {cmd[0]}: {e.strerror}; CMD must be a program this "
+                       "user may execute (a path, or a name on PATH)"), file=sys.stderr)
         os._exit(127)
 
 

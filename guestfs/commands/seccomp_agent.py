@@ -51,6 +51,7 @@ from guestfs.sources.proc_cgroup import parse_proc_cgroup
 from guestfs.system.seccomp_filter import Arch, this_arch
 from guestfs.system.seccomp_guard import peer_creds
 from guestfs.system.seccomp_keeper import (
+    GUARD_SOCKET,
     GuardLink,
     SocketError,
     attach_waiting,
@@ -189,7 +190,7 @@ def container_key(pid: int) -> str | None:
 
 def listen_at(path: str) -> socket.socket:
     path = os.path.abspath(path)
-    owned_private_dir(os.path.dirname(path))
+    owned_private_dir(os.path.dirname(path), (os.path.basename(path),))
     remove_stale(path)
     return bind_private(path)
 
@@ -458,7 +459,7 @@ def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
     socket_path = os.path.abspath(socket_path)
     started = time.monotonic()
     d = os.path.dirname(socket_path)
-    owned_private_dir(d)
+    owned_private_dir(d, (os.path.basename(socket_path), GUARD_SOCKET))
     sock, first, kept = attach_waiting(d, not external_guard,        # before any thread
                                        lambda: listen_at(socket_path))
     ident = os.lstat(socket_path).st_ino     # unlinked at exit only if still ours
