@@ -281,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "docs/mount.md), each from the kernel's page cache, instead of "
                         "LXCFS's per-caller layout")
     p.add_argument("--lock-dir", metavar="DIR",
-                   help="keep the mount's locks in DIR (default /run/guestfs-locks; a mount "
-                        "sharing a MOUNTPOINT must use the same one)")
+                   help="keep the mount's locks in DIR (default /run/guestfs-locks as root, "
+                        "else $XDG_RUNTIME_DIR/guestfs-locks or /tmp/guestfs-locks-UID; a "
+                        "mount sharing a MOUNTPOINT must use the same one)")
     add_mount_options(p)
     add_limit_options(p, where=False)
     p.set_defaults(func=cmd_mount)
@@ -343,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "detected)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
     p.add_argument("--interval", type=seconds(0, strict=True), default=2.0,
-                   help="seconds between rounds (> 0)")
+                   help="seconds between rounds of --watch (> 0; default 2)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_attach)
 

@@ -75,7 +75,7 @@ def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
         g.add_argument("--root", default="/", metavar="DIR",
                        help="read host files (/proc, /sys) under DIR (default: /)")
         g.add_argument("--pid", default="self", type=pid_arg,
-                       help="the process whose limits apply (default: the caller)")
+                       help="the process whose limits apply (default: self, the caller)")
     e = p.add_argument_group(
         "explicit limits (the effective value is the minimum of all sources)")
     e.add_argument("--memory-limit", metavar="Q",
