@@ -103,6 +103,12 @@ def test_a_root_without_meminfo_names_the_file(tmp_path):
     error_line(out, 1, "/proc/meminfo: No such file or directory")
 
 
+def test_a_root_this_user_may_not_enter_is_not_called_empty(root_only):
+    """It said "no proc directory there" of a directory it could not look into."""
+    out = guestfs_as_nobody("explain", "--root", str(root_only))
+    error_line(out, 1, f"--root {root_only}: cannot look into it (Permission denied)")
+
+
 def test_a_limits_dir_that_is_a_file_is_an_error(tmp_path):
     """It said "does not exist; ignored" and served no limit."""
     (tmp_path / "podinfo").write_text("512Mi\n")
@@ -249,6 +255,14 @@ def test_the_agent_never_makes_a_shared_directory_private(open_dir, shared):
 def test_oci_hook_with_nothing_on_stdin_says_what_it_expects():
     out = guestfs("oci-hook", "--strict")
     error_line(out, 1, "stdin is empty", "createContainer hook")
+
+
+def test_oci_hook_bundle_config_that_is_not_json_says_where(tmp_path):
+    (tmp_path / "config.json").write_text("{oops")
+    state = f'{{"ociVersion": "1.0.2", "id": "c1", "pid": {os.getpid()}, ' \
+            f'"bundle": "{tmp_path}"}}'
+    out = guestfs("oci-hook", "--strict", stdin=state)
+    error_line(out, 1, f"{tmp_path}/config.json: not JSON at line 1 column 2")
 
 
 def test_oci_hook_log_file_failure_names_the_option_once(tmp_path):

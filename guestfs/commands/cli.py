@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import stat
 import sys
 from collections.abc import Sequence
 
@@ -38,8 +39,15 @@ def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
                    ) -> tuple[HostRoot, Snapshot, EffectiveLimits]:
     env = dict(os.environ) if env is None else env
     explicit, rounding = explicit_from_args(args, env)
-    if not os.path.isdir(os.path.join(args.root, "proc")):
+    try:
         # Checked first: every pid would otherwise look gone.
+        is_dir = stat.S_ISDIR(os.stat(os.path.join(args.root, "proc")).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_dir = False
+    except OSError as e:
+        raise CliError(f"--root {args.root}: cannot look into it ({e.strerror}); give a "
+                       "directory this user may read, or run as root") from None
+    if not is_dir:
         raise CliError(f"--root {args.root}: no proc directory there (give the directory "
                        "that holds the host's proc and sys)")
     try:

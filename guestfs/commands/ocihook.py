@@ -82,6 +82,9 @@ def bundle_config(bundle: str) -> tuple[str, str | None]:
     try:
         with open(path) as f:
             cfg = json.load(f)
+    except json.JSONDecodeError as e:
+        raise HookError(f"{path}: not JSON at line {e.lineno} column {e.colno} "
+                        f"({e.msg})") from e
     except (OSError, ValueError) as e:
         raise HookError(f"{path}: {getattr(e, 'strerror', None) or e}") from e
     root = (cfg.get("root") or {}).get("path") if isinstance(cfg, dict) else None

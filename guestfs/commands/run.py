@@ -186,7 +186,7 @@ class Materialized:
             try:
                 data = pread_path(self.sources[guest])
             except OSError as e:
-                log.warning("refreshing %s: %s", guest, e)
+                log.warning("refreshing %s: %s", guest, os_error_line(e))
                 continue
             fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
             try:

@@ -48,6 +48,7 @@ from guestfs.commands.syscall_view import (
 )
 from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
+from guestfs.system.oneline import os_error_line
 from guestfs.system.seccomp_filter import Arch, this_arch
 from guestfs.system.seccomp_guard import peer_creds
 from guestfs.system.seccomp_keeper import (
@@ -484,7 +485,7 @@ def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
             try:
                 conn, _ = sock.accept()
             except OSError as e:          # EMFILE and the like: the next one may do
-                log.warning("accept: %s", e)
+                log.warning("accept: %s", os_error_line(e))
                 time.sleep(0.1)
                 continue
             handoffs.start(conn)

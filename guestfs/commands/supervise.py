@@ -256,7 +256,7 @@ class Supervisor:
                     self._follow_new_mount()
                     continue
             except OSError as e:
-                log.warning("checking the daemon of %s: %s", self.mp, e)
+                log.warning("checking the daemon of %s: %s", self.mp, os_error_line(e))
                 continue
             if backoff and self._stop.wait(backoff):
                 return
@@ -284,7 +284,7 @@ class Supervisor:
         """The same failure (a missing capability) is logged once, not every round."""
         if str(e) not in self._logged:
             self._logged.add(str(e))
-            log.error("%s", e)
+            log.error("%s", os_error_line(e))
 
     def _recover(self) -> bool:
         began = time.monotonic()

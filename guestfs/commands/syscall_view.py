@@ -41,6 +41,7 @@ from guestfs.render.sysinfo import (
     same_cpus,
 )
 from guestfs.sources.host_root import pread_path
+from guestfs.system.oneline import os_error_line
 from guestfs.system.seccomp_filter import (
     Arch,
     Interception,
@@ -232,7 +233,7 @@ def take_listener(sock: socket.socket, timeout: float = 10.0) -> int | None:
             return None
         msg, fds, _flags, _addr = socket.recv_fds(sock, 256, 1)
     except OSError as e:
-        log.warning("receiving the app's seccomp listener: %s", e)
+        log.warning("receiving the app's seccomp listener: %s", os_error_line(e))
         return None
     finally:
         sock.close()

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from guestfs.system.oneline import os_error_line
 from guestfs.system.seccomp_guard import (
     BUSY,
     END,
@@ -203,7 +204,7 @@ def receive_handback(sock: socket.socket, kept: Kept) -> bytes:
         try:
             msg, fds, flags, _addr = socket.recv_fds(sock, MAX_META + 1, 4)
         except OSError as e:
-            log.warning("the seccomp guard's hand-back: %s", e)
+            log.warning("the seccomp guard's hand-back: %s", os_error_line(e))
             return b""
         got = parse_message(msg, fds, flags)
         if got is not None:
@@ -324,7 +325,7 @@ class GuardLink:
             try:
                 _none, guard, kept = attach_waiting(self._dir, self._start, lambda: None)
             except OSError as e:
-                log.warning("the seccomp guard: %s; retrying", e)
+                log.warning("the seccomp guard: %s; retrying", os_error_line(e))
                 time.sleep(1.0)
                 continue
             with self._lock:
