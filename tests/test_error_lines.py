@@ -96,6 +96,20 @@ def test_a_pid_that_exited_is_named_once(tmp_path):
     assert line.count(f"/proc/{gone.pid}/cgroup") == 1, line
 
 
+def test_show_of_a_file_not_served_is_one_usage_line():
+    """It printed the served files one a line: thirteen lines for one mistake."""
+    out = guestfs("show", "/proc/vmstat")
+    line = error_line(out, 2, "show: /proc/vmstat: not a served file; give one of")
+    assert "/proc/meminfo, " in line and line.endswith("/sys/devices/system/cpu/present")
+
+
+@pytest.mark.parametrize("pid", ["0", "-5"])
+def test_attach_pid_that_cannot_be_one_is_a_usage_error(pid):
+    """It was taken, and failed as "cannot open its mount namespace: No such file"."""
+    out = guestfs("attach", "--pid", pid)
+    error_line(out, 2, "argument --pid: not a process id", f"'{pid}'")
+
+
 def test_a_root_without_meminfo_names_the_file(tmp_path):
     (tmp_path / "proc" / "self").mkdir(parents=True)
     (tmp_path / "proc" / "self" / "cgroup").write_text("0::/\n")

@@ -22,6 +22,7 @@ from guestfs.commands.options import (
     explicit_from_args,
     explicit_rereader,
     mount_argv,
+    process_id,
     seconds,
 )
 from guestfs.daemon.daemon_status import format_status, read_status
@@ -83,9 +84,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     path = "/" + args.file.strip("/")
     if path not in SERVED_FILES:
-        print(f"guestfs: {args.file}: not a served file; served files are:\n  "
-              + "\n  ".join(SERVED_FILES), file=sys.stderr)
-        return 2
+        raise UsageError(f"show: {args.file}: not a served file; give one of "
+                         + ", ".join(SERVED_FILES))
     host, snap, lim = compute_limits(args)
     try:
         text = render_file(path, host, snap, lim)
@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "other mount namespace (the sidecar pattern). On a "
                                    "per-container mount (no SOURCE/proc, a SOURCE/<key> for "
                                    "PID's cgroup) the files are SOURCE/<key>/proc/...")
-    p.add_argument("--pid", type=int, action="append", default=[],
+    p.add_argument("--pid", type=process_id, action="append", default=[],
                    help="a process whose mount namespace gets the binds (repeatable)")
     p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
                    help="the guestfs mount: in attach's own mount namespace (its files are "
