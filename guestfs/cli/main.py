@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -22,11 +23,12 @@ from guestfs.cli.options import (
     explicit_from_args,
     explicit_rereader,
     mount_argv,
+    process_id,
     seconds,
 )
 from guestfs.render.served import SERVED_FILES
 from guestfs.system import ratelog
-from guestfs.system.oneline import one_line
+from guestfs.system.oneline import one_line, os_error_line
 
 # Each command loads what it needs when it runs (`guestfs run`'s start-up is the app's
 # wait); explain and show need the whole read path.
@@ -46,15 +48,22 @@ def compute_limits(args: argparse.Namespace, env: dict[str, str] | None = None
 
     env = dict(os.environ) if env is None else env
     explicit, rounding = explicit_from_args(args, env)
-    if not os.path.isdir(os.path.join(args.root, "proc")):
+    try:
         # Checked first: every pid would otherwise look gone.
+        is_dir = stat.S_ISDIR(os.stat(os.path.join(args.root, "proc")).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_dir = False
+    except OSError as e:
+        raise CliError(f"--root {args.root}: cannot look into it ({e.strerror}); give a "
+                       "directory this user may read, or run as root") from None
+    if not is_dir:
         raise CliError(f"--root {args.root}: no proc directory there (give the directory "
                        "that holds the host's proc and sys)")
     try:
         host = HostRoot(args.root)
         snap = read_snapshot(host, args.pid)
     except PidGone as e:
-        raise CliError(f"{e} (has it exited?)") from e
+        raise CliError(str(e)) from e
     except (HostReadError, HostInfoError) as e:
         raise CliError(f"cannot read the host under {args.root}: {e}") from e
     return host, snap, effective_limits(snap, explicit, rounding)
@@ -70,7 +79,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         try:
             status = read_status(args.mount)
         except OSError as e:
-            raise CliError(f"--mount {args.mount}: {e}") from e
+            raise CliError(f"--mount {args.mount}: {os_error_line(e)}") from e
     if args.json:
         doc = to_json(lim)
         if status is not None:
@@ -86,9 +95,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     path = "/" + args.file.strip("/")
     if path not in SERVED_FILES:
-        print(f"guestfs: {args.file}: not a served file; served files are:\n  "
-              + "\n  ".join(SERVED_FILES), file=sys.stderr)
-        return 2
+        raise UsageError(f"show: {args.file}: not a served file; give one of "
+                         + ", ".join(SERVED_FILES))
     from guestfs.daemon.file_table import render_file
     from guestfs.sources.host_root import HostReadError
 
@@ -117,8 +125,6 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from guestfs.daemon.lowmem import one_malloc_arena
     from guestfs.daemon.mount import MountOptions, serve
     from guestfs.daemon.mountpoint import MountError, check_fuse_device
-    from guestfs.sources.host_root import HostRoot
-    from guestfs.sources.snapshot import pinned_cgroup_dirs
 
     one_malloc_arena()  # before any thread starts
     setup_logging(args.verbose, args.quiet)
@@ -129,10 +135,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.per_container and args.cgroup:
         raise UsageError("mount: --per-container serves every container's cgroup; it takes "
                          "no --cgroup")
-    if args.cgroup is not None and not pinned_cgroup_dirs(HostRoot(), args.cgroup):
-        # Served anyway, its view would be the node's numbers with nothing counted.
-        raise CliError(f"mount: --cgroup {args.cgroup}: no such cgroup in any cgroup "
-                       "mount; give the path as /proc/<pid>/cgroup shows it")
+    check_cgroup("mount", args.cgroup)
     env = dict(os.environ)
     explicit, rounding = explicit_from_args(args, env)
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
@@ -145,11 +148,34 @@ def cmd_mount(args: argparse.Namespace) -> int:
         check_fuse_device()
         return serve(opts)
     except (MountError, BindingError, OSError) as e:
-        raise CliError(str(e)) from e
+        raise CliError(failure_line(e)) from e
+
+
+def check_cgroup(command: str, cgroup: str | None) -> None:
+    if cgroup is None:
+        return
+    from guestfs.sources.host_root import HostRoot
+    from guestfs.sources.snapshot import pinned_cgroup_dirs
+
+    if not pinned_cgroup_dirs(HostRoot(), cgroup):
+        # Served anyway, its view would be the node's numbers with nothing counted.
+        raise CliError(f"{command}: --cgroup {cgroup}: no such cgroup in any cgroup "
+                       "mount; give the path as /proc/<pid>/cgroup shows it")
+
+
+def failure_line(e: Exception) -> str:
+    """The one line a caught failure prints: an OSError without Python's "[Errno N]"."""
+    return os_error_line(e) if isinstance(e, OSError) else str(e)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guestfs.daemon.mountpoint import MountError, check_fuse_device, refuse_symlink
+    from guestfs.daemon.mountpoint import (
+        MountError,
+        check_fuse_device,
+        refuse_foreign_mount,
+        refuse_non_directory,
+        refuse_symlink,
+    )
     from guestfs.system.caps import CAP_SYS_ADMIN, effective_caps
     from guestfs.wrap.daemon_process import RunError
     from guestfs.wrap.start import begin
@@ -158,7 +184,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise UsageError("run: no command given (guestfs run [options] -- CMD [ARGS...])")
-    explicit_from_args(args, dict(os.environ))  # reject bad limits before mounting
+    # Whatever the daemon would refuse is refused here, before it is started: its line
+    # and run's own "did not come up" would be two.
+    explicit_from_args(args, dict(os.environ))
+    check_cgroup("run", args.cgroup)
     mp = args.mountpoint or DEFAULT_MOUNTPOINT
     if CAP_SYS_ADMIN not in effective_caps():
         # Checked first: everything after (the private namespace, FUSE, the binds) fails
@@ -169,19 +198,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "--cap-add SYS_ADMIN)")
     try:
         refuse_symlink(mp)   # before a daemon is started for it
+        refuse_non_directory(mp)
+        refuse_foreign_mount(mp)
         check_fuse_device()
     except MountError as e:
         raise CliError(f"run: {e}") from e
     try:
         start = begin(mp, mount_argv(args), args.mountpoint is not None, entry=main)
-        # Loaded while the daemon starts (runstart.py): the app side, from here on.
+        # Loaded while the daemon starts (wrap/start.py): the app side, from here on.
         from guestfs.wrap.run import run
 
         return run(start, cmd, args.bind_pressure, keep_caps=args.keep_caps,
                    host_clock=args.host_clock, sysinfo=args.sysinfo,
                    affinity=args.cpu_affinity)
     except (RunError, OSError) as e:
-        raise CliError(str(e)) from e
+        raise CliError(failure_line(e)) from e
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -200,7 +231,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
             print(f"pid {pid}: bound {len(res.bound)}, already live {len(res.healthy)} "
                   f"({res.method}) from {res.source}")
     except OSError as e:  # AttachError: already one line naming the pid and the file
-        raise CliError(str(e)) from e
+        raise CliError(failure_line(e)) from e
     return 0
 
 
@@ -219,7 +250,7 @@ def cmd_seccomp_agent(args: argparse.Namespace) -> int:
         return serve_agent(args.socket, args.source, args.sysinfo, args.cpu_affinity,
                            args.external_guard)
     except OSError as e:
-        raise CliError(f"seccomp-agent: {e}") from e
+        raise CliError(f"seccomp-agent: {failure_line(e)}") from e
 
 
 def cmd_seccomp_guard(args: argparse.Namespace) -> int:
@@ -228,7 +259,7 @@ def cmd_seccomp_guard(args: argparse.Namespace) -> int:
     try:
         exec_standalone_guard(os.path.abspath(args.dir))
     except OSError as e:
-        raise CliError(f"seccomp-guard: {e}") from e
+        raise CliError(f"seccomp-guard: {failure_line(e)}") from e
     return 1
 
 
@@ -281,8 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "docs/mount.md), each from the kernel's page cache, instead of "
                         "LXCFS's per-caller layout")
     p.add_argument("--lock-dir", metavar="DIR",
-                   help="keep the mount's locks in DIR (default /run/guestfs-locks; a mount "
-                        "sharing a MOUNTPOINT must use the same one)")
+                   help="keep the mount's locks in DIR (default /run/guestfs-locks as root, "
+                        "else $XDG_RUNTIME_DIR/guestfs-locks or /tmp/guestfs-locks-UID; a "
+                        "mount sharing a MOUNTPOINT must use the same one)")
     add_mount_options(p)
     add_limit_options(p, where=False)
     p.set_defaults(func=cmd_mount)
@@ -327,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "other mount namespace (the sidecar pattern). On a "
                                    "per-container mount (no SOURCE/proc, a SOURCE/<key> for "
                                    "PID's cgroup) the files are SOURCE/<key>/proc/...")
-    p.add_argument("--pid", type=int, action="append", default=[],
+    p.add_argument("--pid", type=process_id, action="append", default=[],
                    help="a process whose mount namespace gets the binds (repeatable)")
     p.add_argument("--source", default=DEFAULT_MOUNTPOINT,
                    help="the guestfs mount: in attach's own mount namespace (its files are "
@@ -343,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "detected)")
     p.add_argument("--watch", action="store_true", help="keep attaching, forever")
     p.add_argument("--interval", type=seconds(0, strict=True), default=2.0,
-                   help="seconds between rounds (> 0)")
+                   help="seconds between rounds of --watch (> 0; default 2)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_attach)
 
@@ -424,6 +456,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(e, UsageError) else 1
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        # Each command turns the failures a user can cause into a CliError naming the
+        # fix; one that escapes is still one line, not a traceback.
+        print(f"guestfs: {args.command}: {os_error_line(e)}", file=sys.stderr)
+        return 1
 
 
 def setup_logging(verbose: bool, quiet: bool = False) -> None:

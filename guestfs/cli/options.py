@@ -95,12 +95,18 @@ def seconds(minimum: float, strict: bool) -> Callable[[str], float]:
     return parse
 
 
+def process_id(text: str) -> int:
+    """An argparse type: a process id, 1 to the kernel's largest (pid_max's limit, 2^22);
+    pid 0 or -5 only reached /proc as "No such file or directory"."""
+    if text.isascii() and text.isdigit() and 0 < int(text) < 2**22 + 1:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+
+
 def pid_arg(text: str) -> str:
     """``self`` or a process id: the value becomes part of a /proc path, so "../x" must
     not reach it."""
-    if text == "self" or (text.isascii() and text.isdigit() and 0 < int(text) < 2**22 + 1):
-        return text
-    raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return text if text == "self" else str(process_id(text))
 
 
 def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
@@ -109,7 +115,7 @@ def add_limit_options(p: argparse.ArgumentParser, where: bool = True) -> None:
         g.add_argument("--root", default="/", metavar="DIR",
                        help="read host files (/proc, /sys) under DIR (default: /)")
         g.add_argument("--pid", default="self", type=pid_arg,
-                       help="the process whose limits apply (default: the caller)")
+                       help="the process whose limits apply (default: self, the caller)")
     e = p.add_argument_group(
         "explicit limits (the effective value is the minimum of all sources)")
     e.add_argument("--memory-limit", metavar="Q",

@@ -12,7 +12,14 @@ from typing import Any
 # The status file sits at the root of every layout; mountpoint's liveness probe reads it.
 from guestfs.daemon.mountpoint import STATUS_PATH, probe_mount
 
-__all__ = ["STATUS_PATH", "format_status", "read_status"]
+__all__ = ["STATUS_PATH", "StatusError", "format_status", "read_status"]
+
+
+class StatusError(OSError):
+    """No daemon's status at a mountpoint: one line saying why."""
+
+    def __str__(self) -> str:
+        return str(self.strerror if self.strerror is not None else self.args[0])
 
 
 def read_status(mountpoint: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -22,14 +29,15 @@ def read_status(mountpoint: str, timeout: float = 5.0) -> dict[str, Any]:
     path = mountpoint.rstrip("/") + STATUS_PATH
     err, data = probe_mount(mountpoint.rstrip("/") or "/", STATUS_PATH, timeout, 1 << 20)
     if err:
-        raise OSError(err, f"{path}: {os.strerror(err)} (not a guestfs mount, or an older "
-                           "daemon)")
+        raise StatusError(err, f"no guestfs daemon serves it ({path}: {os.strerror(err)}); "
+                               "give the mount point of a running guestfs mount (a daemon "
+                               "older than this guestfs has no status file)")
     try:
         status = json.loads(data)
     except ValueError as e:
-        raise OSError(f"{path}: not JSON: {e}") from e
+        raise StatusError(f"{path}: not JSON ({getattr(e, 'msg', e)})") from e
     if not isinstance(status, dict):
-        raise OSError(f"{path}: not a JSON object")
+        raise StatusError(f"{path}: not a JSON object")
     return status
 
 

@@ -24,6 +24,7 @@ from guestfs.daemon.mountpoint import (
     is_stale_mount,
     mount_entry,
     probe_mount,
+    refuse_non_directory,
     refuse_symlink,
     wait_until,
 )
@@ -120,8 +121,9 @@ def prepare_mountpoint(mp: str) -> None:
     # mount, a tmpfs) is refused; a bind of a directory onto itself or of a subdirectory
     # (the sidecar's shared emptyDir) is not a mount point to stack on, so it is fine.
     if entry is not None and (entry.root == "/" or entry.fstype.startswith("fuse")):
-        raise MountError(f"{mp} is already a mount point"
-                         + (" (a running guestfs)" if is_guestfs_mount(mp) else ""))
+        raise MountError(f"{mp} is already a mount point ("
+                         + ("a running guestfs" if is_guestfs_mount(mp) else entry.fstype)
+                         + "); give a directory nothing is mounted on")
     if not os.path.lexists(mp):
         parent = os.path.dirname(mp)
         if not os.path.isdir(parent):
@@ -132,6 +134,7 @@ def prepare_mountpoint(mp: str) -> None:
             os.mkdir(mp, 0o755)
         log.debug("%s did not exist: made it", mp)
     refuse_symlink(mp)
+    refuse_non_directory(mp)
 
 
 def hold_mount_lock(mp: str, timeout: float = 1.0) -> int:
@@ -229,7 +232,8 @@ def ready_notifier(fd: int | None) -> Callable[[], None] | None:
     try:
         os.set_inheritable(fd, False)
     except OSError as e:
-        raise MountError(f"--ready-fd {fd}: {e.strerror}") from None
+        raise MountError(f"--ready-fd {fd}: {e.strerror}; give a descriptor this process "
+                         "has open for writing (a pipe's, as guestfs run does)") from None
     done = threading.Lock()
 
     def notify() -> None:

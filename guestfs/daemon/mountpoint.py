@@ -235,6 +235,25 @@ def refuse_symlink(mp: str) -> None:
         raise MountError(f"{mp} is a symbolic link; give the directory itself")
 
 
+def refuse_non_directory(mp: str) -> None:
+    """A FUSE mount's root is a directory (rootmode=40000): mount(2) on a regular file
+    fails with ENOTDIR, and libfuse then mounted it through fusermount over the file.
+    Looked at only when ``mp`` is not a mount, as refuse_symlink."""
+    if mount_entry(mp) is None and os.path.lexists(mp) and not os.path.isdir(mp):
+        raise MountError(f"{mp} is not a directory; give a directory to mount on (or a "
+                         "path in an existing directory, where one is made)")
+
+
+def refuse_foreign_mount(mp: str) -> None:
+    """Another filesystem's root mounted at ``mp`` (a tmpfs, a volume): a guestfs mount
+    would hide it. FUSE mounts are left to the caller, which tells a live guestfs mount
+    (reused) and a stale one (replaced) from the rest."""
+    entry = mount_entry(mp)
+    if entry is not None and entry.root == "/" and not entry.fstype.startswith("fuse"):
+        raise MountError(f"{mp} is already a mount point ({entry.fstype}); give a "
+                         "directory nothing is mounted on")
+
+
 FUSE_DEVICE = "/dev/fuse"
 
 

@@ -45,6 +45,7 @@ from guestfs.system.caps import (
     prctl,
     set_caps,
 )
+from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.privileges")
 
@@ -246,13 +247,13 @@ def mount_then_drop(mp: str, fsname: str, allow_other: bool, takes_fd: bool,
         m = mount_fuse(mp, fsname, allow_other)
     except OSError as e:
         log.warning("mount(2) of %s failed (%s): libfuse mounts it and the daemon keeps "
-                    "its capabilities", mp, e)
+                    "its capabilities", mp, os_error_line(e))
         return None
     pid, w = start_unmount_watcher(m)
     try:
         missing = drop_privileges()
     except OSError as e:
-        log.warning("capabilities kept: %s", e)
+        log.warning("capabilities kept: %s", os_error_line(e))
     else:
         _report_missing(missing, reader_views)
         log.info("mounted; capabilities kept: %s (CapEff %s, CapBnd %s), NoNewPrivs %s; "

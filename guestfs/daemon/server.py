@@ -44,6 +44,7 @@ from guestfs.sources.usage import (
     read_start_ticks,
     read_task_counts,
 )
+from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.server")
 
@@ -448,7 +449,9 @@ class ViewServer:
         with self._lock:
             last = self._last_good.get((key, path)) if key is not None else None
         what = "the last good rendering" if last is not None else "the host's file"
-        self._count_fallback(f"{path}: {type(err).__name__}: {err}", f"pid {pid}",
+        why = os_error_line(err) if isinstance(err, OSError) else \
+            f"{type(err).__name__}: {err}"
+        self._count_fallback(f"{path}: {why}", f"pid {pid}",
                              f"serving {what}")
         return last if last is not None else self.host.read_text(path).encode()
 

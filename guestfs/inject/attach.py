@@ -36,6 +36,7 @@ from guestfs.render.served import BOUND_BY_DEFAULT
 from guestfs.sources.containerdirs import BadKey, key_of_cgroup_text
 from guestfs.sources.host_root import HostRoot
 from guestfs.system import sysmount
+from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.attach")
 MAX_STACKED = 8           # stale binds peeled from one target before giving up
@@ -89,7 +90,8 @@ def container_key(pid: int | str) -> str:
         with open(f"/proc/{pid}/cgroup") as f:
             key = key_of_cgroup_text(f.read())
     except (OSError, BadKey) as e:
-        raise AttachError(f"pid {pid}: no container key from its cgroup: {e}") from e
+        why = os_error_line(e) if isinstance(e, OSError) else str(e)
+        raise AttachError(f"pid {pid}: no container key from its cgroup: {why}") from e
     if key is None:
         raise AttachError(f"pid {pid}: no memory or cgroup v2 line in its cgroup file")
     return key
@@ -438,7 +440,7 @@ def watch(pids: list[int] | None, source_root: str, interval: float = 2.0,
             try:
                 res = attach(pid, source_root, per_container=per_container)
             except OSError as e:
-                log.warning("%s", e)
+                log.warning("%s", os_error_line(e))
                 continue
             if res.bound:
                 log.info("pid %d: bound %s (%s)", pid, ", ".join(res.bound), res.method)

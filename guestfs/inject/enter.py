@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from guestfs.system.oneline import os_error_line
+
 CHILD_TIMEOUT = 10.0      # a stopped daemon blocks every request to it; never wait forever
 
 
@@ -50,7 +52,8 @@ def _run_child(w: int, body: Callable[[], dict[str, Any]]) -> None:
         out = {"ok": body()}
         code = 0
     except BaseException as e:  # noqa: BLE001 - report any failure to the parent
-        msg = str(e) if isinstance(e, AttachError) else f"{type(e).__name__}: {e}"
+        msg = str(e) if isinstance(e, AttachError) else os_error_line(e) \
+            if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
         out, code = {"error": msg}, 1
     with contextlib.suppress(OSError):
         os.write(w, json.dumps(out).encode())

@@ -39,7 +39,7 @@ from guestfs.inject.attach import attach_in_child
 from guestfs.inject.enter import run_in_child
 from guestfs.sources.containerdirs import BadKey, container_cgroup, dir_key
 from guestfs.sources.proc_cgroup import parse_proc_cgroup
-from guestfs.system.oneline import one_line
+from guestfs.system.oneline import one_line, os_error_line
 
 DEFAULT_SOURCE = DEFAULT_HOOK_SOURCE
 DEFAULT_TIMEOUT = 5.0
@@ -52,11 +52,19 @@ class HookError(Exception):
 
 def read_state(stream: TextIO) -> dict[str, Any]:
     """The OCI state the runtime writes on stdin."""
-    text = stream.read(MAX_STATE)
+    try:
+        text = stream.read(MAX_STATE)
+    except UnicodeDecodeError:
+        raise HookError("stdin is not an OCI state: not UTF-8 text") from None
+    if not text.strip():
+        raise HookError("stdin is empty: the OCI runtime writes the container's state there "
+                        "(run guestfs oci-hook as a createContainer hook, "
+                        "container/oci-hooks.d/guestfs.json)")
     try:
         state = json.loads(text)
-    except ValueError as e:
-        raise HookError(f"stdin is not an OCI state (JSON): {e}") from e
+    except json.JSONDecodeError as e:
+        raise HookError(f"stdin is not an OCI state: not JSON at line {e.lineno} column "
+                        f"{e.colno} ({e.msg})") from None
     if not isinstance(state, dict) or not isinstance(state.get("bundle"), str):
         raise HookError("stdin is not an OCI state: no bundle")
     pid = state.get("pid")
@@ -74,6 +82,9 @@ def bundle_config(bundle: str) -> tuple[str, str | None]:
     try:
         with open(path) as f:
             cfg = json.load(f)
+    except json.JSONDecodeError as e:
+        raise HookError(f"{path}: not JSON at line {e.lineno} column {e.colno} "
+                        f"({e.msg})") from e
     except (OSError, ValueError) as e:
         raise HookError(f"{path}: {getattr(e, 'strerror', None) or e}") from e
     root = (cfg.get("root") or {}).get("path") if isinstance(cfg, dict) else None
@@ -240,7 +251,7 @@ def main(source: str = DEFAULT_SOURCE, strict: bool = False,
         print(line, file=sys.stderr)
         if log_file:
             # Root writing a path: never through a symlink or into a file not ours.
-            from guestfs.system.safefile import open_private
+            from guestfs.system.safefile import UnsafeFileError, open_private
 
             try:
                 opened = open_private(log_file, "--log-file", append=True)
@@ -248,9 +259,11 @@ def main(source: str = DEFAULT_SOURCE, strict: bool = False,
                     os.write(opened.fd, (line + "\n").encode())
                 finally:
                     os.close(opened.fd)
+            except UnsafeFileError as e:    # names --log-file and the path already
+                print(f"guestfs oci-hook: {one_line(str(e))}", file=sys.stderr)
             except OSError as e:
-                print(f"guestfs oci-hook: --log-file {log_file}: {e.strerror or e}",
-                      file=sys.stderr)
+                print(f"guestfs oci-hook: --log-file {one_line(log_file)}: "
+                      f"{os_error_line(e)}", file=sys.stderr)
 
     try:
         state = read_state(stdin or sys.stdin)
@@ -259,7 +272,8 @@ def main(source: str = DEFAULT_SOURCE, strict: bool = False,
         if res["refused"]:
             raise HookError("refused " + "; ".join(res["refused"]))
     except Exception as e:  # noqa: BLE001 - fail-open: nothing may stop the container
-        why = str(e) if isinstance(e, (HookError, OSError)) else f"{type(e).__name__}: {e}"
+        why = str(e) if isinstance(e, HookError) else os_error_line(e) \
+            if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
         what = "failed" if strict else "not bound, the container starts with the kernel's files"
         say(f"guestfs oci-hook: container {cid}: {one_line(why)} ({what})")
         return 1 if strict else 0

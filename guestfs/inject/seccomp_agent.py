@@ -51,6 +51,7 @@ from guestfs.syscalls.answers import (
 from guestfs.syscalls.filter import Arch, this_arch
 from guestfs.syscalls.guard import peer_creds
 from guestfs.syscalls.keeper import (
+    GUARD_SOCKET,
     GuardLink,
     SocketError,
     attach_waiting,
@@ -67,6 +68,7 @@ from guestfs.syscalls.notify import (
     serve_one,
     sync_wake_up,
 )
+from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -189,7 +191,7 @@ def container_key(pid: int) -> str | None:
 
 def listen_at(path: str) -> socket.socket:
     path = os.path.abspath(path)
-    owned_private_dir(os.path.dirname(path))
+    owned_private_dir(os.path.dirname(path), (os.path.basename(path),))
     remove_stale(path)
     return bind_private(path)
 
@@ -458,7 +460,7 @@ def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
     socket_path = os.path.abspath(socket_path)
     started = time.monotonic()
     d = os.path.dirname(socket_path)
-    owned_private_dir(d)
+    owned_private_dir(d, (os.path.basename(socket_path), GUARD_SOCKET))
     sock, first, kept = attach_waiting(d, not external_guard,        # before any thread
                                        lambda: listen_at(socket_path))
     ident = os.lstat(socket_path).st_ino     # unlinked at exit only if still ours
@@ -483,7 +485,7 @@ def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,
             try:
                 conn, _ = sock.accept()
             except OSError as e:          # EMFILE and the like: the next one may do
-                log.warning("accept: %s", e)
+                log.warning("accept: %s", os_error_line(e))
                 time.sleep(0.1)
                 continue
             handoffs.start(conn)

@@ -38,6 +38,10 @@ def pread_path(path: str) -> bytes:
 class HostReadError(OSError):
     """A host file could not be read; carries the host path for the message."""
 
+    def __str__(self) -> str:
+        # "/proc/meminfo: No such file or directory", not "[Errno 2] /proc/meminfo: ...".
+        return str(self.strerror if self.strerror is not None else self.args[0])
+
 
 @dataclass(frozen=True)
 class HostRoot:

@@ -25,9 +25,17 @@ class LimitFileError(ValueError):
 
 def read_limits_dir(limits_dir: str) -> dict[str, str] | None:
     """The downward API files present in ``limits_dir`` by name; None when the directory
-    does not exist."""
-    if not os.path.isdir(limits_dir):
+    does not exist. One that is there but is no directory, or that this process may not
+    look into, is a LimitFileError: its limits would be silently lost."""
+    try:
+        st = os.stat(limits_dir)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as e:
+        raise LimitFileError(f"{limits_dir}: cannot look at it: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise LimitFileError(f"{limits_dir}: not a directory; give the directory of the "
+                             "downward-API volume (the one holding limits.memory)")
     found = {}
     for name in (DOWNWARD_MEMORY_FILE, DOWNWARD_CPU_FILE):
         text = read_limit_file(limits_dir, name)
@@ -40,8 +48,13 @@ def read_limit_file(limits_dir: str, name: str) -> str | None:
     """The text of ``limits_dir/name``; None when there is no such file, LimitFileError
     when it is anything but a small UTF-8 regular file inside the directory."""
     path = os.path.join(limits_dir, name)
-    if not os.path.lexists(path):
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
         return None
+    except OSError as e:     # EACCES: a directory this user may not search
+        raise LimitFileError(f"{path}: cannot look at it: {e.strerror} (the directory "
+                             "must be readable by guestfs's user)") from None
     real_dir = os.path.realpath(limits_dir)
     real = os.path.realpath(path)
     if os.path.commonpath([real_dir, real]) != real_dir:

@@ -7,6 +7,7 @@ process's cgroup namespace, so a process outside it shows ``/../..`` components.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 from guestfs.sources.host_root import HostReadError, HostRoot
@@ -49,5 +50,8 @@ def read_proc_cgroup(host: HostRoot, pid: int | str) -> list[CgroupMembership]:
     try:
         text = host.read_text(host.proc_path(pid, "cgroup"))
     except HostReadError as e:
-        raise PidGone(f"pid {pid}: cannot read /proc/{pid}/cgroup ({e.strerror})") from e
+        if e.errno == errno.ENOENT:
+            raise PidGone(f"pid {pid}: no such process (/proc/{pid}/cgroup does not exist; "
+                          "has it exited?)") from e
+        raise PidGone(f"pid {pid}: cannot read {e}") from e
     return parse_proc_cgroup(text)

@@ -58,6 +58,7 @@ from guestfs.syscalls.notify import (
     Notification,
     NotificationLoop,
 )
+from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -232,7 +233,7 @@ def take_listener(sock: socket.socket, timeout: float = 10.0) -> int | None:
             return None
         msg, fds, _flags, _addr = socket.recv_fds(sock, 256, 1)
     except OSError as e:
-        log.warning("receiving the app's seccomp listener: %s", e)
+        log.warning("receiving the app's seccomp listener: %s", os_error_line(e))
         return None
     finally:
         sock.close()

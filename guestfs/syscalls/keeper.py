@@ -35,6 +35,7 @@ from guestfs.syscalls.guard import (
     ListenerGuard,
     parse_message,
 )
+from guestfs.system.oneline import os_error_line
 from guestfs.system.selfexec import SECCOMP_KEEPER, helper_argv
 
 log = logging.getLogger("guestfs.seccomp")
@@ -48,7 +49,10 @@ GUARD_POLL = 0.2     # seconds between an --external-guard agent's looks for its
 
 
 class SocketError(OSError):
-    pass
+    """One line: what is wrong with a socket of the agent's directory, or the directory."""
+
+    def __str__(self) -> str:
+        return str(self.strerror if self.strerror is not None else self.args[0])
 
 
 def describe(name: str, key: str | None) -> bytes:
@@ -71,22 +75,55 @@ def described(meta: bytes) -> tuple[str, str | None]:
     return f"{name}, kept by the guard", key
 
 
-def owned_private_dir(d: str) -> None:
+# sockaddr_un's sun_path holds 108 bytes, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
+
+def owned_private_dir(d: str, sockets: tuple[str, ...] = (GUARD_SOCKET,)) -> None:
     """``d`` as a directory of ours, mode 0700, made if missing; its parent must exist: a
-    typo in --socket must not make a tree of root's directories."""
+    typo in --socket must not make a tree of root's directories. ``sockets``: the names
+    bound in it, checked first (Python's bind says only "AF_UNIX path too long")."""
+    for name in sockets:
+        path = os.path.join(d, name)
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise SocketError(f"{path}: {len(os.fsencode(path))} bytes, longer than the "
+                              f"{MAX_SOCKET_PATH} a unix socket's path may have; give a "
+                              "socket directory with a shorter path")
     parent = os.path.dirname(os.path.abspath(d))
-    if not os.path.isdir(parent):
-        raise SocketError(f"{parent} does not exist: give a socket path in an existing "
-                          "directory")
-    with contextlib.suppress(FileExistsError):
+    try:
+        if not stat.S_ISDIR(os.stat(parent).st_mode):
+            raise NotADirectoryError
         os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except (FileNotFoundError, NotADirectoryError):
+        raise SocketError(f"{parent} does not exist: give a socket path in an existing "
+                          "directory") from None
+    except OSError as e:
+        raise SocketError(e.errno, f"{d}: cannot make it ({e.strerror}): run as root, or "
+                                   "give a socket directory this user may write") from None
     st = os.lstat(d)
     if not stat.S_ISDIR(st.st_mode):
         raise SocketError(f"{d} is not a directory (a symbolic link?)")
     if st.st_uid != os.geteuid():
         raise SocketError(f"{d} belongs to uid {st.st_uid}, not to us")
     if st.st_mode & 0o077:
+        refuse_shared_dir(d, st, sockets)
         os.chmod(d, 0o700)     # ours: only root may hand the agent a listener
+
+
+def refuse_shared_dir(d: str, st: os.stat_result, sockets: tuple[str, ...]) -> None:
+    """A directory others may use is made 0700 only if it holds nothing but the agent's
+    own files (an empty hostPath the kubelet made 0755): --socket /tmp/agent.sock or
+    /run/agent.sock would otherwise have root lock every other user out of /tmp or /run."""
+    ours = {*sockets, GUARD_SOCKET, START_LOCK}
+    others = sorted(set(os.listdir(d)) - ours)
+    if st.st_mode & stat.S_ISVTX or others:
+        what = "is a shared directory (sticky)" if st.st_mode & stat.S_ISVTX else \
+            f"holds other files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})"
+        raise SocketError(f"{d} {what}, mode {stat.S_IMODE(st.st_mode):04o}: the agent "
+                          "makes its socket directory 0700; give the socket a directory "
+                          "of its own (made if missing)")
 
 
 def remove_stale(path: str, kind: int = socket.SOCK_STREAM,
@@ -167,7 +204,7 @@ def receive_handback(sock: socket.socket, kept: Kept) -> bytes:
         try:
             msg, fds, flags, _addr = socket.recv_fds(sock, MAX_META + 1, 4)
         except OSError as e:
-            log.warning("the seccomp guard's hand-back: %s", e)
+            log.warning("the seccomp guard's hand-back: %s", os_error_line(e))
             return b""
         got = parse_message(msg, fds, flags)
         if got is not None:
@@ -288,7 +325,7 @@ class GuardLink:
             try:
                 _none, guard, kept = attach_waiting(self._dir, self._start, lambda: None)
             except OSError as e:
-                log.warning("the seccomp guard: %s; retrying", e)
+                log.warning("the seccomp guard: %s; retrying", os_error_line(e))
                 time.sleep(1.0)
                 continue
             with self._lock:

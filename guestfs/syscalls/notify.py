@@ -31,6 +31,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from guestfs.system.oneline import os_error_line
+
 log = logging.getLogger("guestfs.seccomp")
 
 # _IOWR('!', 0, struct seccomp_notif), _IOWR('!', 1, struct seccomp_notif_resp),
@@ -220,7 +222,7 @@ class NotificationLoop:
                 except OSError as e:
                     # ENOENT: the caller was killed between poll and recv.
                     if e.errno not in (errno.ENOENT, errno.EINTR):
-                        log.warning("seccomp listener: %s", e)
+                        log.warning("seccomp listener: %s", os_error_line(e))
                         return
                     continue
                 serve_one(self.listener, note, self.handlers)

@@ -37,6 +37,7 @@ from guestfs.system.caps import (
     limit_bounding_to,
     permitted_caps,
 )
+from guestfs.system.oneline import os_error_line
 from guestfs.wrap.oomadj import OomPlan, apply_to_app
 
 log = logging.getLogger("guestfs.run")
@@ -85,7 +86,8 @@ def _enter_container_clock(uptime_source: str) -> None:
         if age < now - 1:                # the view's uptime is not the host's
             enter_container_boottime(age, now)
     except (OSError, ValueError, IndexError) as e:
-        print(f"guestfs run: warning: the app keeps the host's boot clock ({e}); "
+        why = os_error_line(e) if isinstance(e, OSError) else str(e)
+        print(f"guestfs run: warning: the app keeps the host's boot clock ({why}); "
               "ps ELAPSED will not match its uptime", file=sys.stderr)
 
 

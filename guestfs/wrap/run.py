@@ -30,6 +30,7 @@ from guestfs.syscalls.answers import (
 from guestfs.syscalls.filter import Interception
 from guestfs.syscalls.guard import ListenerGuard
 from guestfs.system import sysmount
+from guestfs.system.oneline import one_line, os_error_line
 from guestfs.wrap import runspace, supervise
 from guestfs.wrap.apppriv import AppSetup, container_clock_source, prepare_app
 from guestfs.wrap.daemon_process import Daemon, RunError, start_daemon, wait_ready
@@ -130,7 +131,7 @@ class Materialized:
             try:
                 data = pread_path(self.sources[guest])
             except OSError as e:
-                log.warning("refreshing %s: %s", guest, e)
+                log.warning("refreshing %s: %s", guest, os_error_line(e))
                 continue
             fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
             try:
@@ -173,12 +174,13 @@ def _child(binds: list[tuple[str, str]], cmd: list[str], app: AppSetup,
             hand_over_listener(*seccomp)   # before prepare_app drops CAP_SYS_ADMIN
         prepare_app(app)
     except OSError as e:
-        print(f"guestfs run: {e}", file=sys.stderr)
+        print(f"guestfs run: {os_error_line(e)}", file=sys.stderr)
         os._exit(127)
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:
-        print(f"guestfs run: {cmd[0]}: {e}", file=sys.stderr)
+        print(one_line(f"guestfs run: {cmd[0]}: {e.strerror}; CMD must be a program this "
+                       "user may execute (a path, or a name on PATH)"), file=sys.stderr)
         os._exit(127)
 
 

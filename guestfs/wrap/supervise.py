@@ -27,6 +27,7 @@ from guestfs.daemon import mountlock
 from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.sources.mountinfo import unescape
 from guestfs.system import sysmount
+from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.run")
 
@@ -85,7 +86,9 @@ def rebind_in(pid: int, pairs: list[tuple[str, str]]) -> None:
                 for fd, (_, target) in zip(fds, pairs, strict=True):
                     replace_mount(fd, target)
             except BaseException as e:  # noqa: BLE001 - any failure goes to the parent
-                code, msg = 1, f"{type(e).__name__}: {e}".encode()
+                why = os_error_line(e) if isinstance(e, OSError) else \
+                    f"{type(e).__name__}: {e}"
+                code, msg = 1, why.encode()
             with contextlib.suppress(OSError):
                 os.write(w, msg)
             os._exit(code)
@@ -253,7 +256,7 @@ class Supervisor:
                     self._follow_new_mount()
                     continue
             except OSError as e:
-                log.warning("checking the daemon of %s: %s", self.mp, e)
+                log.warning("checking the daemon of %s: %s", self.mp, os_error_line(e))
                 continue
             if backoff and self._stop.wait(backoff):
                 return
@@ -281,7 +284,7 @@ class Supervisor:
         """The same failure (a missing capability) is logged once, not every round."""
         if str(e) not in self._logged:
             self._logged.add(str(e))
-            log.error("%s", e)
+            log.error("%s", os_error_line(e))
 
     def _recover(self) -> bool:
         began = time.monotonic()
