@@ -107,340 +107,347 @@ def _tree() -> tuple[dict[str, list[str]], set[str]]:
 def make_operations(fuse: ModuleType, server: ViewServer, layout: str = "per-caller",
                     direct_timeout: float = 0.5,
                     on_init: Callable[[], None] | None = None) -> Any:
-    """An Operations instance for the binding module ``fuse`` (fusepy or mfusepy).
-
-    ``layout``: "per-caller" (LXCFS's layout, each reader its own view, direct_io),
-    "fixed" (LXCFS's layout, one view for every reader, page-cached where libfuse3's init
-    says the kernel's client offers no_open and auto_inval_data) or "per-container" (one
-    directory per container cgroup, page-cached likewise). ``direct_timeout`` is the
-    attribute timeout to fall back to when the page cache cannot be used. ``on_init`` is
-    called once libfuse has the kernel's INIT (the mount serves from then on)."""
+    """GuestOperations for the binding module ``fuse`` (fusepy or mfusepy): an instance of
+    a class made of it and the binding's Operations, whose defaults (and __call__, through
+    which the binding dispatches) it overrides."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}")
-    dirs, files = _tree()
-    t = time.time_ns()  # every directory carries the mount's start time
+    cls = type("GuestFS", (GuestOperations, fuse.Operations), {})
+    return cls(fuse, server, layout, direct_timeout, on_init)
+
+
+class GuestOperations:
+    """The FUSE callbacks, written against the fusepy/mfusepy API; make_operations gives
+    them the binding's Operations class as a base. ``layout``: "per-caller" (LXCFS's
+    layout, each reader its own view, direct_io), "fixed" (LXCFS's layout, one view for
+    every reader, page-cached where libfuse3's init says the kernel's client offers
+    no_open and auto_inval_data) or "per-container" (one directory per container cgroup,
+    page-cached likewise). ``direct_timeout`` is the attribute timeout to fall back to
+    when the page cache cannot be used. ``on_init`` is called once libfuse has the
+    kernel's INIT (the mount serves from then on)."""
+
+    use_ns = True
+
+    def __init__(self, fuse: ModuleType, server: ViewServer, layout: str,
+                 direct_timeout: float, on_init: Callable[[], None] | None) -> None:
+        self._fuse, self._server, self.layout = fuse, server, layout
+        self._direct_timeout, self._on_init = direct_timeout, on_init
+        self.per_container = layout == "per-container"
+        self._dirs, self._files = _tree()
+        self._t = time.time_ns()  # every directory carries the mount's start time
+        self._per_handle = OpenRenderings()
+        self._next = itertools.count(1)  # next() on a count is atomic in CPython
+        # Served through the daemon, a GETATTR by path (a stat, or the permission check
+        # of an open: attributes are never cached there, daemon/mount.py) renders the
+        # file for the asking reader and reports that rendering's size (reported_size);
+        # the open that follows in the same thread takes it, so what is read is what
+        # was sized.
+        # (reader, path) -> (rendering, its view key): an open takes it only while the
+        # reader's view is still that one (runc's init sizes the files it binds while
+        # still in runc's cgroup, then moves and execs the app under the same pid).
+        self._sized: dict[tuple[object, str], tuple[bytes, str | None]] = {}
+        self._sized_lock = threading.Lock()
+        # The page cache path: decided in init (it needs libfuse3's config) and
+        # turned off again if the FUSE client does not honour no_open (probe).
+        self.page_cache = False
+        self.generations = Generations()
+        self._config: Any = None
+        self._known: dict[str, str] = {}   # per-container: key -> cgroup path
+        self._gone: dict[str, float] = {}  # key -> when its cgroup was first seen gone
+        self._dropper = EntryDropper(fuse)
+        # Vanished containers forgotten, and of those whose kernel entry was dropped.
+        self.vanished = Counter(forgotten=0, entries_dropped=0)
+        if self.per_container:
+            server.serving["vanished"] = self.vanished
+            server.periodic.append(self.forget_vanished)
+        # FUSE requests that reached Python, by kind (the status file shows them; a
+        # page-cached read must add none). Every key exists from the start: the status
+        # is rendered while other threads count.
+        self.calls: Counter[str] = Counter(dict.fromkeys(CALL_KINDS, 0))
+        server.serving["callbacks"] = self.calls
+
+    @property
+    def kept_renderings(self) -> OpenRenderings:
+        return self._per_handle
+
+    @property
+    def probe_path(self) -> str:
+        """A file every layout serves at the mount's root, to see that it serves."""
+        return STATUS_PATH if self.per_container else "/sys/devices/system/cpu/online"
+
     # A fresh exception per raise: one shared instance grows its __traceback__ by a frame
     # chain on every raise, forever (~2 KB per failed lookup, which any reader can cause).
-    def erofs() -> Exception:
-        return fuse.FuseOSError(errno.EROFS)
+    def _error(self, code: int) -> Exception:
+        return self._fuse.FuseOSError(code)  # type: ignore[no-any-return]
 
-    def enoent() -> Exception:
-        return fuse.FuseOSError(errno.ENOENT)
-    per_container = layout == "per-container"
-
-    def render(path: str, cgroup: str | None) -> tuple[float, bytes]:
-        ops.calls["render"] += 1
+    def _render(self, path: str, cgroup: str | None) -> tuple[float, bytes]:
+        self.calls["render"] += 1
         try:
-            return server.render_until(path, fuse.fuse_get_context()[2], cgroup)
+            return self._server.render_until(path, self._fuse.fuse_get_context()[2], cgroup)
         except UnseenReader:
             # The server counted and logged it; the reader gets a plain permission error.
-            raise fuse.FuseOSError(errno.EACCES) from None
+            raise self._error(errno.EACCES) from None
 
-    class GuestFS(fuse.Operations):  # type: ignore[misc, name-defined]
-        use_ns = True
+    # ------------------------------------------------------------ setup
 
-        def __init__(self) -> None:
-            self._per_handle = OpenRenderings()
-            self._next = itertools.count(1)  # next() on a count is atomic in CPython
-            # Served through the daemon, a GETATTR by path (a stat, or the permission check
-            # of an open: attributes are never cached there, daemon/mount.py) renders the
-            # file for the asking reader and reports that rendering's size (reported_size);
-            # the open that follows in the same thread takes it, so what is read is what
-            # was sized.
-            # (reader, path) -> (rendering, its view key): an open takes it only while the
-            # reader's view is still that one (runc's init sizes the files it binds while
-            # still in runc's cgroup, then moves and execs the app under the same pid).
-            self._sized: dict[tuple[object, str], tuple[bytes, str | None]] = {}
-            self._sized_lock = threading.Lock()
-            # The page cache path: decided in init (it needs libfuse3's config) and
-            # turned off again if the FUSE client does not honour no_open (probe).
-            self.page_cache = False
-            self.generations = Generations()
-            self._config: Any = None
-            self._known: dict[str, str] = {}   # per-container: key -> cgroup path
-            self._gone: dict[str, float] = {}  # key -> when its cgroup was first seen gone
-            self._dropper = EntryDropper(fuse)
-            # Vanished containers forgotten, and of those whose kernel entry was dropped.
-            self.vanished = Counter(forgotten=0, entries_dropped=0)
-            if per_container:
-                server.serving["vanished"] = self.vanished
-                server.periodic.append(self.forget_vanished)
-            self.layout = layout
-            # FUSE requests that reached Python, by kind (the status file shows them; a
-            # page-cached read must add none). Every key exists from the start: the status
-            # is rendered while other threads count.
-            self.calls: Counter[str] = Counter(dict.fromkeys(CALL_KINDS, 0))
-            server.serving["callbacks"] = self.calls
+    def init(self, path: str) -> None:
+        # fusepy's (libfuse2) only; mfusepy calls init_with_config instead.
+        if self._on_init is not None:
+            self._on_init()
 
-        @property
-        def kept_renderings(self) -> OpenRenderings:
-            return self._per_handle
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        self._configure(conn, config)
+        if self._on_init is not None:
+            self._on_init()
 
-        @property
-        def probe_path(self) -> str:
-            """A file every layout serves at the mount's root, to see that it serves."""
-            return STATUS_PATH if per_container else "/sys/devices/system/cpu/online"
+    def _configure(self, conn: Any, config: Any) -> None:
+        # libfuse3 says here what the kernel's FUSE client offers (libfuse2 gives no
+        # config: the page cache path is not taken there).
+        if self.per_container:
+            self._dropper.capture()
+        if config is None or self.layout == "per-caller":
+            return
+        self._config = config
+        capable = int(getattr(conn, "capable", 0) or 0)
+        want = int(getattr(conn, "want", 0) or 0)
+        missing = [name for name, bit, mask in (
+            ("no_open", CAP_NO_OPEN_SUPPORT, capable),
+            ("auto_inval_data", CAP_AUTO_INVAL_DATA, want)) if not mask & bit]
+        if missing:
+            # gVisor's FUSE client offers neither: there an ENOSYS from open fails
+            # the reader instead of turning OPEN off, and nothing would drop stale
+            # pages. Served through the daemon, as on libfuse2.
+            self.disable_page_cache(f"this FUSE client lacks {' and '.join(missing)}")
+            return
+        self.page_cache = True
 
-        # ------------------------------------------------------------ setup
+    def disable_page_cache(self, why: str) -> None:
+        """Back to direct_io and per-open renderings (a client without no_open)."""
+        self.page_cache = False
+        self._server.serving["page_cache"] = False
+        if self._config is not None:
+            self._config.attr_timeout = self._direct_timeout
+        log.warning("%s: serving every read through the daemon (direct_io)", why)
 
-        def init(self, path: str) -> None:
-            # fusepy's (libfuse2) only; mfusepy calls init_with_config instead.
-            if on_init is not None:
-                on_init()
+    # ------------------------------------------------------------ vanished containers
 
-        def init_with_config(self, conn: Any, config: Any) -> None:
-            self._configure(conn, config)
-            if on_init is not None:
-                on_init()
+    def forget_vanished(self, now: float | None = None) -> None:
+        """Mark the containers whose cgroup is gone and forget those gone for longer
+        than VANISHED_GRACE, and the longest gone beyond MAX_VANISHED (run every 5 s
+        by the server's sampler). A cgroup made again in time is served on."""
+        now = time.monotonic() if now is None else now
+        known = list(self._known.items())
+        alive = existing_cgroups(self._server.host, [cg for _, cg in known])
+        for key, cgroup in known:
+            if cgroup in alive:
+                self._gone.pop(key, None)
+            else:
+                self._gone.setdefault(key, now)
+        by_age = sorted(self._gone, key=self._gone.__getitem__)
+        excess = max(0, len(by_age) - MAX_VANISHED)
+        for i, key in enumerate(by_age):
+            if i < excess or now - self._gone[key] >= VANISHED_GRACE:
+                self._forget(key)
 
-        def _configure(self, conn: Any, config: Any) -> None:
-            # libfuse3 says here what the kernel's FUSE client offers (libfuse2 gives no
-            # config: the page cache path is not taken there).
-            if per_container:
-                self._dropper.capture()
-            if config is None or layout == "per-caller":
-                return
-            self._config = config
-            capable = int(getattr(conn, "capable", 0) or 0)
-            want = int(getattr(conn, "want", 0) or 0)
-            missing = [name for name, bit, mask in (
-                ("no_open", CAP_NO_OPEN_SUPPORT, capable),
-                ("auto_inval_data", CAP_AUTO_INVAL_DATA, want)) if not mask & bit]
-            if missing:
-                # gVisor's FUSE client offers neither: there an ENOSYS from open fails
-                # the reader instead of turning OPEN off, and nothing would drop stale
-                # pages. Served through the daemon, as on libfuse2.
-                self.disable_page_cache(f"this FUSE client lacks {' and '.join(missing)}")
-                return
-            self.page_cache = True
+    def _forget(self, key: str) -> None:
+        self._gone.pop(key, None)
+        cgroup = self._known.pop(key, None)
+        self.generations.forget(f"/{key}{f}" for f in self._files)
+        if cgroup is not None:
+            self._server.forget(cgroup)
+        self.vanished["forgotten"] += 1
+        if self._dropper.drop(key):
+            self.vanished["entries_dropped"] += 1
 
-        def disable_page_cache(self, why: str) -> None:
-            """Back to direct_io and per-open renderings (a client without no_open)."""
-            self.page_cache = False
-            server.serving["page_cache"] = False
-            if self._config is not None:
-                self._config.attr_timeout = direct_timeout
-            log.warning("%s: serving every read through the daemon (direct_io)", why)
+    # ------------------------------------------------------------ paths
 
-        # ------------------------------------------------------------ vanished containers
-
-        def forget_vanished(self, now: float | None = None) -> None:
-            """Mark the containers whose cgroup is gone and forget those gone for longer
-            than VANISHED_GRACE, and the longest gone beyond MAX_VANISHED (run every 5 s
-            by the server's sampler). A cgroup made again in time is served on."""
-            now = time.monotonic() if now is None else now
-            known = list(self._known.items())
-            alive = existing_cgroups(server.host, [cg for _, cg in known])
-            for key, cgroup in known:
-                if cgroup in alive:
-                    self._gone.pop(key, None)
-                else:
-                    self._gone.setdefault(key, now)
-            by_age = sorted(self._gone, key=self._gone.__getitem__)
-            excess = max(0, len(by_age) - MAX_VANISHED)
-            for i, key in enumerate(by_age):
-                if i < excess or now - self._gone[key] >= VANISHED_GRACE:
-                    self._forget(key)
-
-        def _forget(self, key: str) -> None:
-            self._gone.pop(key, None)
-            cgroup = self._known.pop(key, None)
-            self.generations.forget(f"/{key}{f}" for f in files)
-            if cgroup is not None:
-                server.forget(cgroup)
-            self.vanished["forgotten"] += 1
-            if self._dropper.drop(key):
-                self.vanished["entries_dropped"] += 1
-
-        # ------------------------------------------------------------ paths
-
-        def _split(self, path: str) -> tuple[str | None, str]:
-            """(cgroup of the per-container directory or None, path in the layout)."""
-            if not per_container or path in ("/", STATUS_PATH):
-                return None, path
-            key, _, rest = path[1:].partition("/")
-            cgroup = self._known.get(key)
-            if cgroup is None:
-                try:
-                    cgroup = path_of_key(key)
-                except BadKey:
-                    raise enoent() from None
-                # Created on demand: a lookup of a container's key serves it while its
-                # cgroup exists; bounded, as a lookup of every name must not grow us.
-                if not cgroup_exists(server.host, cgroup):
-                    raise enoent()
-                if len(self._known) >= SIZED_ENTRIES:
-                    self._known.pop(next(iter(self._known)))
-                self._known[key] = cgroup
-            return cgroup, "/" + rest
-
-        def _is_dir(self, cgroup: str | None, sub: str) -> bool:
-            if per_container and cgroup is None:
-                return sub == "/"
-            return sub in dirs and sub != STATUS_PATH
-
-        def _is_file(self, cgroup: str | None, sub: str) -> bool:
-            if per_container and cgroup is None:
-                return sub == STATUS_PATH
-            return sub in files and (cgroup is None or sub != STATUS_PATH)
-
-        # ------------------------------------------------------------ callbacks
-
-        def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
-            self.calls["getattr"] += 1
-            cgroup, sub = self._split(path)
-            if self._is_dir(cgroup, sub):
-                return {"st_mode": DIR_MODE, "st_nlink": 2, "st_mtime": t, "st_ctime": t,
-                        "st_atime": t}
-            if not self._is_file(cgroup, sub):
-                raise enoent()
-            if self.page_cache:
-                gen = self._current(path, cgroup, sub)
-                return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": len(gen.data),
-                        "st_mtime": gen.mtime_ns, "st_ctime": gen.mtime_ns,
-                        "st_atime": gen.mtime_ns}
-            return {"st_mode": FILE_MODE, "st_nlink": 1, "st_mtime": t, "st_ctime": t,
-                    "st_atime": t, "st_size": reported_size(self._sized_for(path, sub, cgroup,
-                                                                            fh))}
-
-        def _sized_for(self, path: str, sub: str, cgroup: str | None, fh: Any) -> bytes:
-            """The rendering a direct_io file's size is reported from: an open handle's
-            own (fstat: libfuse passes the handle), else one made now for the asking
-            reader and kept for the open that follows (the open's permission check, a
-            LOOKUP, or a stat)."""
-            if fh is not None:
-                data = self._per_handle.get(fh.fh)
-                if data is None:  # sized before its first read: that read serves this
-                    data = render(sub, cgroup)[1]
-                    self._per_handle.put(fh.fh, data, unread=True)
-                return data
-            pid = fuse.fuse_get_context()[2]
+    def _split(self, path: str) -> tuple[str | None, str]:
+        """(cgroup of the per-container directory or None, path in the layout)."""
+        if not self.per_container or path in ("/", STATUS_PATH):
+            return None, path
+        key, _, rest = path[1:].partition("/")
+        cgroup = self._known.get(key)
+        if cgroup is None:
             try:
-                data = server.render_until(sub, pid, cgroup)[1]
-            except UnseenReader:
-                # Its read will be refused (counted and logged there); a stat still
-                # answers, with one page, as for any file that fits in one.
-                return b""
-            ops.calls["render"] += 1
-            who = server.reader(pid)
-            key = server.view_key(pid) if cgroup is None else cgroup
-            with self._sized_lock:
-                if len(self._sized) >= SIZED_ENTRIES:  # stat()s never followed by an open
-                    self._sized.pop(next(iter(self._sized)))
-                self._sized[(who, path)] = (data, key)
+                cgroup = path_of_key(key)
+            except BadKey:
+                raise self._error(errno.ENOENT) from None
+            # Created on demand: a lookup of a container's key serves it while its
+            # cgroup exists; bounded, as a lookup of every name must not grow us.
+            if not cgroup_exists(self._server.host, cgroup):
+                raise self._error(errno.ENOENT)
+            if len(self._known) >= SIZED_ENTRIES:
+                self._known.pop(next(iter(self._known)))
+            self._known[key] = cgroup
+        return cgroup, "/" + rest
+
+    def _is_dir(self, cgroup: str | None, sub: str) -> bool:
+        if self.per_container and cgroup is None:
+            return sub == "/"
+        return sub in self._dirs and sub != STATUS_PATH
+
+    def _is_file(self, cgroup: str | None, sub: str) -> bool:
+        if self.per_container and cgroup is None:
+            return sub == STATUS_PATH
+        return sub in self._files and (cgroup is None or sub != STATUS_PATH)
+
+    # ------------------------------------------------------------ callbacks
+
+    def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+        self.calls["getattr"] += 1
+        cgroup, sub = self._split(path)
+        if self._is_dir(cgroup, sub):
+            t = self._t
+            return {"st_mode": DIR_MODE, "st_nlink": 2, "st_mtime": t, "st_ctime": t,
+                    "st_atime": t}
+        if not self._is_file(cgroup, sub):
+            raise self._error(errno.ENOENT)
+        if self.page_cache:
+            gen = self._current(path, cgroup, sub)
+            return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": len(gen.data),
+                    "st_mtime": gen.mtime_ns, "st_ctime": gen.mtime_ns,
+                    "st_atime": gen.mtime_ns}
+        t = self._t
+        return {"st_mode": FILE_MODE, "st_nlink": 1, "st_mtime": t, "st_ctime": t,
+                "st_atime": t, "st_size": reported_size(self._sized_for(path, sub, cgroup,
+                                                                        fh))}
+
+    def _sized_for(self, path: str, sub: str, cgroup: str | None, fh: Any) -> bytes:
+        """The rendering a direct_io file's size is reported from: an open handle's
+        own (fstat: libfuse passes the handle), else one made now for the asking
+        reader and kept for the open that follows (the open's permission check, a
+        LOOKUP, or a stat)."""
+        if fh is not None:
+            data = self._per_handle.get(fh.fh)
+            if data is None:  # sized before its first read: that read serves this
+                data = self._render(sub, cgroup)[1]
+                self._per_handle.put(fh.fh, data, unread=True)
             return data
+        pid = self._fuse.fuse_get_context()[2]
+        try:
+            data = self._server.render_until(sub, pid, cgroup)[1]
+        except UnseenReader:
+            # Its read will be refused (counted and logged there); a stat still
+            # answers, with one page, as for any file that fits in one.
+            return b""
+        self.calls["render"] += 1
+        who = self._server.reader(pid)
+        key = self._server.view_key(pid) if cgroup is None else cgroup
+        with self._sized_lock:
+            if len(self._sized) >= SIZED_ENTRIES:  # stat()s never followed by an open
+                self._sized.pop(next(iter(self._sized)))
+            self._sized[(who, path)] = (data, key)
+        return data
 
-        def _current(self, path: str, cgroup: str | None, sub: str) -> Generation:
-            """The generation to report for ``path``: rendered afresh once the last one
-            is due (the server's caches make that cheap until the view expires)."""
+    def _current(self, path: str, cgroup: str | None, sub: str) -> Generation:
+        """The generation to report for ``path``: rendered afresh once the last one
+        is due (the server's caches make that cheap until the view expires)."""
+        now = time.monotonic()
+        gen = self.generations.get(path)
+        if gen is not None and now < gen.deadline:
+            return gen
+        deadline, data = self._render(sub, cgroup)
+        return self.generations.offer(path, deadline, data, now)[0]
+
+    def readdir(self, path: str, fh: Any) -> list[Any]:
+        self.calls["readdir"] += 1
+        cgroup, sub = self._split(path)
+        if not self._is_dir(cgroup, sub):
+            raise self._error(errno.ENOTDIR if self._is_file(cgroup, sub)
+                                   else errno.ENOENT)
+        out: list[Any] = [(".", {"st_mode": DIR_MODE}, 0), ("..", {"st_mode": DIR_MODE}, 0)]
+        if self.per_container and cgroup is None:
+            # The containers served so far (any other key is served when looked up).
+            names = [STATUS_PATH.lstrip("/"), *self._known]
+            return out + [(n, {"st_mode": FILE_MODE if n == names[0] else DIR_MODE}, 0)
+                          for n in names]
+        base = sub.rstrip("/")
+        for name in self._dirs[sub]:
+            if cgroup is not None and f"{base}/{name}" == STATUS_PATH:
+                continue
+            mode = DIR_MODE if f"{base}/{name}" in self._dirs else FILE_MODE
+            out.append((name, {"st_mode": mode}, 0))
+        return out
+
+    def open(self, path: str, fi: Any) -> int:
+        self.calls["open"] += 1
+        cgroup, sub = self._split(path)
+        if not self._is_file(cgroup, sub):
+            raise self._error(errno.EISDIR if self._is_dir(cgroup, sub)
+                                   else errno.ENOENT)
+        if fi.flags & os.O_ACCMODE != os.O_RDONLY or fi.flags & os.O_TRUNC:
+            raise self._error(errno.EROFS)
+        if self.page_cache:
+            # The kernel remembers this for the whole connection (no_open) and from
+            # then on opens, reads from its page cache and closes without asking us.
+            raise self._error(errno.ENOSYS)
+        # direct_io: every read() reaches us, whatever the size, and nothing stale is
+        # served from the page cache (sendfile, splice and mmap still go through it:
+        # reported_size says how they get one whole rendering).
+        fi.direct_io = 1
+        fi.fh = next(self._next)
+        pid = self._fuse.fuse_get_context()[2]
+        who = self._server.reader(pid)
+        with self._sized_lock:
+            sized = self._sized.pop((who, path), None)
+        if sized is not None and (cgroup is not None or sized[1] == self._server.view_key(pid)):
+            # The rendering this open's GETATTR reported the size of.
+            self._per_handle.put(fi.fh, sized[0], unread=True)
+        return 0
+
+    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+        self.calls["read"] += 1
+        cgroup, sub = self._split(path)
+        if self.page_cache:
+            # A page the kernel does not hold (yet): from the generation its GETATTR
+            # reported, never a newer one (Generations says why).
             now = time.monotonic()
-            gen = self.generations.get(path)
-            if gen is not None and now < gen.deadline:
-                return gen
-            deadline, data = render(sub, cgroup)
-            return self.generations.offer(path, deadline, data, now)[0]
-
-        def readdir(self, path: str, fh: Any) -> list[Any]:
-            self.calls["readdir"] += 1
-            cgroup, sub = self._split(path)
-            if not self._is_dir(cgroup, sub):
-                raise fuse.FuseOSError(errno.ENOTDIR if self._is_file(cgroup, sub)
-                                       else errno.ENOENT)
-            out: list[Any] = [(".", {"st_mode": DIR_MODE}, 0), ("..", {"st_mode": DIR_MODE}, 0)]
-            if per_container and cgroup is None:
-                # The containers served so far (any other key is served when looked up).
-                names = [STATUS_PATH.lstrip("/"), *self._known]
-                return out + [(n, {"st_mode": FILE_MODE if n == names[0] else DIR_MODE}, 0)
-                              for n in names]
-            base = sub.rstrip("/")
-            for name in dirs[sub]:
-                if cgroup is not None and f"{base}/{name}" == STATUS_PATH:
-                    continue
-                mode = DIR_MODE if f"{base}/{name}" in dirs else FILE_MODE
-                out.append((name, {"st_mode": mode}, 0))
-            return out
-
-        def open(self, path: str, fi: Any) -> int:
-            self.calls["open"] += 1
-            cgroup, sub = self._split(path)
-            if not self._is_file(cgroup, sub):
-                raise fuse.FuseOSError(errno.EISDIR if self._is_dir(cgroup, sub)
-                                       else errno.ENOENT)
-            if fi.flags & os.O_ACCMODE != os.O_RDONLY or fi.flags & os.O_TRUNC:
-                raise erofs()
-            if self.page_cache:
-                # The kernel remembers this for the whole connection (no_open) and from
-                # then on opens, reads from its page cache and closes without asking us.
-                raise fuse.FuseOSError(errno.ENOSYS)
-            # direct_io: every read() reaches us, whatever the size, and nothing stale is
-            # served from the page cache (sendfile, splice and mmap still go through it:
-            # reported_size says how they get one whole rendering).
-            fi.direct_io = 1
-            fi.fh = next(self._next)
-            pid = fuse.fuse_get_context()[2]
-            who = server.reader(pid)
-            with self._sized_lock:
-                sized = self._sized.pop((who, path), None)
-            if sized is not None and (cgroup is not None or sized[1] == server.view_key(pid)):
-                # The rendering this open's GETATTR reported the size of.
-                self._per_handle.put(fi.fh, sized[0], unread=True)
-            return 0
-
-        def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
-            self.calls["read"] += 1
-            cgroup, sub = self._split(path)
-            if self.page_cache:
-                # A page the kernel does not hold (yet): from the generation its GETATTR
-                # reported, never a newer one (Generations says why).
-                now = time.monotonic()
-                gen = self.generations.read(path, now)
-                if gen is None:   # evicted from our store, or read before any GETATTR
-                    gen = self._current(path, cgroup, sub)
-                    gen.last_read = now
-                return gen.data[offset:offset + size]
-            # A handle's first read, at any offset, serves the rendering its size was
-            # reported from. After that a read at offset 0 renders afresh, so a reader
-            # holding the file open and reading it again from the start (top, vmstat,
-            # procps) sees new numbers; reads at other offsets come from the handle's
-            # rendering, so no pass over the file is torn between two renderings.
-            fh = fi.fh
-            data = self._per_handle.take_unread(fh)
+            gen = self.generations.read(path, now)
+            if gen is None:   # evicted from our store, or read before any GETATTR
+                gen = self._current(path, cgroup, sub)
+                gen.last_read = now
+            return gen.data[offset:offset + size]
+        # A handle's first read, at any offset, serves the rendering its size was
+        # reported from. After that a read at offset 0 renders afresh, so a reader
+        # holding the file open and reading it again from the start (top, vmstat,
+        # procps) sees new numbers; reads at other offsets come from the handle's
+        # rendering, so no pass over the file is torn between two renderings.
+        fh = fi.fh
+        data = self._per_handle.take_unread(fh)
+        if data is None:
+            # A READ without a lock owner is the kernel filling pages (a fault of a
+            # mapping, sendfile, splice), not a read() of the process: it gets the
+            # handle's rendering, so a page dropped and faulted in again under a
+            # mapping comes back with the same bytes.
+            fresh = offset == 0 and getattr(fi, "lock_owner", 1) != 0
+            data = None if fresh else self._per_handle.get(fh)
             if data is None:
-                # A READ without a lock owner is the kernel filling pages (a fault of a
-                # mapping, sendfile, splice), not a read() of the process: it gets the
-                # handle's rendering, so a page dropped and faulted in again under a
-                # mapping comes back with the same bytes.
-                fresh = offset == 0 and getattr(fi, "lock_owner", 1) != 0
-                data = None if fresh else self._per_handle.get(fh)
-                if data is None:
-                    data = render(sub, cgroup)[1]
-                    self._per_handle.put(fh, data)
-            return data[offset:offset + size]
+                data = self._render(sub, cgroup)[1]
+                self._per_handle.put(fh, data)
+        return data[offset:offset + size]
 
-        def statfs(self, path: str) -> dict[str, int]:
-            return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+    def statfs(self, path: str) -> dict[str, int]:
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
 
-        def access(self, path: str, amode: int) -> int:
-            cgroup, sub = self._split(path)
-            if not self._is_dir(cgroup, sub) and not self._is_file(cgroup, sub):
-                raise enoent()
-            if amode & os.W_OK:
-                raise erofs()
-            return 0
+    def access(self, path: str, amode: int) -> int:
+        cgroup, sub = self._split(path)
+        if not self._is_dir(cgroup, sub) and not self._is_file(cgroup, sub):
+            raise self._error(errno.ENOENT)
+        if amode & os.W_OK:
+            raise self._error(errno.EROFS)
+        return 0
 
-        # Read-only filesystem: everything that would change it.
-        def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-            raise erofs()
+    # Read-only filesystem: everything that would change it.
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._error(errno.EROFS)
 
-        write = create = mkdir = rmdir = unlink = rename = link = symlink = mknod = _refuse
-        chmod = chown = truncate = utimens = setxattr = removexattr = _refuse
+    write = create = mkdir = rmdir = unlink = rename = link = symlink = mknod = _refuse
+    chmod = chown = truncate = utimens = setxattr = removexattr = _refuse
 
-        # Left out of the FUSE callback table (the bindings skip None): without a flush
-        # handler the kernel learns ENOSYS once and stops sending FLUSH on every close,
-        # which saves a full round trip per open/read/close.
-        # No release either (see renderings.OpenRenderings).
-        flush = fsync = fsyncdir = opendir = releasedir = getxattr = listxattr = None
-        readlink = lock = bmap = ioctl = release = None
+    # Left out of the FUSE callback table (the bindings skip None): without a flush
+    # handler the kernel learns ENOSYS once and stops sending FLUSH on every close,
+    # which saves a full round trip per open/read/close.
+    # No release either (see renderings.OpenRenderings).
+    flush = fsync = fsyncdir = opendir = releasedir = getxattr = listxattr = None
+    readlink = lock = bmap = ioctl = release = None
 
-    ops = GuestFS()
-    return ops

@@ -11,10 +11,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from guestfs.daemon import mountlock, privileges
-from guestfs.daemon.fuse_binding import load_binding
+from guestfs.daemon.fuse_binding import Binding, load_binding
 from guestfs.daemon.fusefs import REVALIDATE, make_operations
 from guestfs.daemon.mountpoint import (
     FSNAME,
@@ -31,7 +32,7 @@ from guestfs.daemon.mountpoint import (
 from guestfs.daemon.server import ServerConfig, ViewServer
 from guestfs.engine.explicit import ExplicitLimits
 from guestfs.render.served import SERVED_FILES
-from guestfs.sources.host_pin import pin_host_files
+from guestfs.sources.host_pin import PinnedHost, pin_host_files
 from guestfs.system import sysmount
 from guestfs.system.oneline import one_line
 from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid
@@ -151,13 +152,13 @@ def hold_mount_lock(mp: str, timeout: float = 1.0) -> int:
     return fd
 
 
-def exit_when_unused(mp: str, interval: float = 0.25, grace: float = 2.0) -> list[int]:
+def exit_when_unused(mp: str, held: list[int], interval: float = 0.25,
+                     grace: float = 2.0) -> None:
     """Stop serving once no `guestfs run` holds ``mp``'s users lock. The exclusive lock is
-    kept until exit (the returned list receives its descriptor), so a run arriving
-    meanwhile waits for this daemon to be gone and then starts its own, instead of reusing
-    a mount that is going away. The first check waits ``grace`` seconds, for libfuse to
-    have installed the SIGTERM handler that unmounts."""
-    held: list[int] = []
+    kept until exit (``held`` receives its descriptor), so a run arriving meanwhile waits
+    for this daemon to be gone and then starts its own, instead of reusing a mount that is
+    going away. The first check waits ``grace`` seconds, for libfuse to have installed the
+    SIGTERM handler that unmounts."""
     main = threading.main_thread().ident
 
     def loop() -> None:
@@ -170,7 +171,6 @@ def exit_when_unused(mp: str, interval: float = 0.25, grace: float = 2.0) -> lis
         signal.pthread_kill(main, signal.SIGTERM)  # type: ignore[arg-type]
 
     threading.Thread(target=loop, name="guestfs-users", daemon=True).start()
-    return held
 
 
 def wait_mounted(mp: str, child_pid: int | None = None, timeout: float = 20.0) -> bool:
@@ -245,13 +245,59 @@ def ready_notifier(fd: int | None) -> Callable[[], None] | None:
     return notify
 
 
+@dataclass
+class _Serving:
+    """What serve() set up: each piece is undone by its ExitStack, in reverse order."""
+    server: ViewServer
+    host: PinnedHost
+    target: str            # where libfuse mounts (privileges.mount_then_drop)
+    layout: str
+    cached: bool           # page-cached files (fusefs.init_with_config may still refuse)
+    unblocked: set[signal.Signals] = field(default_factory=set)
+
+
 def serve(opts: MountOptions) -> int:
+    """`guestfs mount`: set up, serve until a signal ends libfuse's loop, tear down."""
     mp = os.path.abspath(opts.mountpoint)
     ready = ready_notifier(opts.ready_fd)
     binding = load_binding(opts.binding)
+    with contextlib.ExitStack() as stack:
+        serving = _set_up(opts, mp, binding, stack)
+        ops = make_operations(binding.module, serving.server, serving.layout,
+                              DIRECT_ATTR_TIMEOUT, ready)
+        _describe(opts, mp, binding, serving)
+        threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
+                         daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_SETMASK, serving.unblocked)
+        try:
+            binding.module.FUSE(ops, serving.target, raw_fi=True,
+                                **_fuse_options(opts, binding, serving))
+        except RuntimeError as e:
+            # libfuse3's fuse_main returns 8 when a signal ended the loop: a clean stop.
+            if e.args != (LIBFUSE3_STOPPED_BY_SIGNAL,):
+                log.error("FUSE failed on %s: %s", mp, e)
+                return 1
+    server = serving.server
+    log.info("unmounted %s (%d reads fell back to host files, %d refused; %d open renderings "
+             "kept)", mp, server.errors, sum(server.refusals.values()), len(ops.kept_renderings))
+    return 0
+
+
+def _set_up(opts: MountOptions, mp: str, binding: Binding,
+            stack: contextlib.ExitStack) -> _Serving:
+    """Every step before libfuse's loop, in order, each registered on ``stack`` with what
+    undoes it: the stack's reverse order is the teardown's (the mount lock last, so no
+    other daemon starts before ours is gone)."""
     lock_fd = hold_mount_lock(mp)
+    stack.callback(mountlock.release_removing, lock_fd, mp, "mount")
+    users_held: list[int] = []
+    # Unmounted, the locks' files can go (kept if a run still holds the users lock).
+    stack.callback(_release_users, users_held, mp)
     prepare_mountpoint(mp)
+    stack.callback(_detach_if_ours, mp)
     pid_file, log_file = open_output_files(opts)
+    if pid_file is not None:
+        stack.callback(remove_if_same, pid_file)
     if opts.daemon:
         _daemonize(opts, log_file)
     mountlock.write_owner(lock_fd, f"{os.getpid()} {mp}\n")
@@ -261,9 +307,11 @@ def serve(opts: MountOptions) -> int:
     # did, and the daemon then never stopped). Unblocked in this thread just before FUSE.
     unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     host = pin_host_files(SERVED_FILES)
+    stack.callback(host.close)
     server = ViewServer(host, ServerConfig(opts.view, opts.cgroup, opts.cache_ttl,
                                            opts.explicit, opts.cpu_rounding,
                                            opts.reread_explicit))
+    stack.callback(server.stop)
     if pid_file is not None:
         write_pid(pid_file, os.getpid())
     # Before any thread starts: capabilities are dropped per thread, and a thread started
@@ -271,7 +319,10 @@ def serve(opts: MountOptions) -> int:
     dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
                                          "fuse3" in binding.libfuse,
                                          reader_views=not server.fixed_view)
-    users_held = exit_when_unused(mp) if opts.exit_when_unused else []
+    if dropped:
+        stack.callback(dropped.finish)
+    if opts.exit_when_unused:
+        exit_when_unused(mp, users_held)
     server.start_sampler()
     # libfuse only installs its SIGINT/SIGTERM handlers (which unmount cleanly) over the
     # default disposition, and Python has its own SIGINT handler.
@@ -283,14 +334,35 @@ def serve(opts: MountOptions) -> int:
     # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
     cached = layout != "per-caller" and "fuse3" in binding.libfuse \
         and binding.name.startswith("mfusepy")
+    return _Serving(server, host, dropped.target if dropped else mp, layout, cached,
+                    unblocked)
+
+
+def _release_users(held: list[int], mp: str) -> None:
+    for fd in held:
+        mountlock.release_removing(fd, mp, "users")
+
+
+def _detach_if_ours(mp: str) -> None:
+    """After the loop: our mount, or a stale one (libfuse already unmounted a clean stop)."""
+    stale_or_ours = False
+    with contextlib.suppress(OSError):  # MountUnresponsive included
+        stale_or_ours = is_stale_mount(mp) or is_guestfs_mount(mp)
+    if stale_or_ours:
+        with contextlib.suppress(OSError):
+            sysmount.umount(mp, detach=True)
+
+
+def _fuse_options(opts: MountOptions, binding: Binding, serving: _Serving) -> dict[str, Any]:
     # Served through the daemon, attributes are never cached: with default_permissions
     # (privileges.py) every open then asks for its file's, and that GETATTR renders the
     # file for the opener and sets the shared inode's size from it (fusefs.reported_size),
     # which sendfile, splice and mmap stop at; an fstat asks for the open handle's own.
-    attr_timeout = min(opts.cache_ttl, REVALIDATE) if cached else DIRECT_ATTR_TIMEOUT
-    kwargs = {"foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
-              "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
-              "default_permissions": True}
+    attr_timeout = min(opts.cache_ttl, REVALIDATE) if serving.cached else DIRECT_ATTR_TIMEOUT
+    kwargs: dict[str, Any] = {
+        "foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
+        "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
+        "default_permissions": True}
     if "fuse3" in binding.libfuse:
         # libfuse 3.14.0 passes its "unlimited" default (-1) through a check that then
         # prints "Ignoring invalid max threads value 4294967295" on every start; 10 is
@@ -298,11 +370,16 @@ def serve(opts: MountOptions) -> int:
         kwargs["max_idle_threads"] = 10
     if opts.allow_other:
         kwargs["allow_other"] = True
-    ops = make_operations(binding.module, server, layout, DIRECT_ATTR_TIMEOUT, ready)
+    return kwargs
+
+
+def _describe(opts: MountOptions, mp: str, binding: Binding, serving: _Serving) -> None:
+    """The status file's layout fields, and the start-up's log lines."""
+    server, layout, cached = serving.server, serving.layout, serving.cached
     server.serving.update(layout=layout, page_cache=cached)
     if server.fixed_view and opts.cgroup is None:
         # Whose view --view self serves: a run reusing this mount checks it is its own.
-        server.serving["self_cgroup"] = host.try_read_small("/proc/self/cgroup")
+        server.serving["self_cgroup"] = serving.host.try_read_small("/proc/self/cgroup")
     if layout != "per-caller" and not cached:
         log.warning("%s layout without libfuse3 (%s): every read goes through the daemon; "
                     "install libfuse3 and mfusepy for reads from the kernel's page cache",
@@ -310,34 +387,5 @@ def serve(opts: MountOptions) -> int:
     log.info("serving %s with %s (%s); %s layout%s; view=%s%s cache_ttl=%gs host files "
              "from %s", mp, binding.name, binding.libfuse, layout,
              ", page cache" if cached else ", direct_io", opts.view,
-             f" cgroup={opts.cgroup}" if opts.cgroup else "", opts.cache_ttl, host.origin)
-    threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
-                     daemon=True).start()
-    signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
-    try:
-        binding.module.FUSE(ops, dropped.target if dropped else mp, raw_fi=True, **kwargs)
-    except RuntimeError as e:
-        # libfuse3's fuse_main returns 8 when a signal ended the loop: a clean stop.
-        if e.args != (LIBFUSE3_STOPPED_BY_SIGNAL,):
-            log.error("FUSE failed on %s: %s", mp, e)
-            return 1
-    finally:
-        if dropped:
-            dropped.finish()
-        server.stop()
-        host.close()
-        if pid_file is not None:
-            remove_if_same(pid_file)
-        stale_or_ours = False
-        with contextlib.suppress(OSError):  # MountUnresponsive included
-            stale_or_ours = is_stale_mount(mp) or is_guestfs_mount(mp)
-        if stale_or_ours:
-            with contextlib.suppress(OSError):
-                sysmount.umount(mp, detach=True)
-        # Unmounted: the locks' files can go (kept if a run still holds the users lock).
-        for fd in users_held:
-            mountlock.release_removing(fd, mp, "users")
-        mountlock.release_removing(lock_fd, mp, "mount")
-    log.info("unmounted %s (%d reads fell back to host files, %d refused; %d open renderings "
-             "kept)", mp, server.errors, sum(server.refusals.values()), len(ops.kept_renderings))
-    return 0
+             f" cgroup={opts.cgroup}" if opts.cgroup else "", opts.cache_ttl,
+             serving.host.origin)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 
 from guestfs.daemon.mountpoint import wait_until
 from guestfs.render.served import BOUND_BY_DEFAULT, SERVED_FILES
@@ -209,69 +210,96 @@ def _start_syscall_view(sock: socket.socket, mp: str, what: Interception,
     return supervise_listener(listener, view, what, guard)
 
 
+@dataclass
+class _DaemonRef:
+    """The daemon serving the app's mount: the one run started, or the last one its
+    supervisor started in its place (the one run stops when the app is done)."""
+    proc: Daemon | None
+
+
 def run(start: RunStart, cmd: list[str], bind_pressure: bool = False,
         keep_caps: bool = False, host_clock: bool = False, sysinfo: bool = True,
         affinity: str = "view") -> int:
     """CMD with the served files of ``start``'s mount, from a daemon that started with
-    it (or one already serving there); the exit code of CMD."""
-    space, mp = start.space, start.mountpoint
-    users = start.users_fd
-    daemon: Daemon | None = start.pending[0] if start.pending else None
-    supervisor = materialized = syscalls = guard = None
-
-    def restart() -> subprocess.Popen[bytes]:
-        return start_daemon(mp, start.mount_args, space.daemon_env())
-
-    try:
+    it (or one already serving there); the exit code of CMD. Each step registers what
+    undoes it on one ExitStack: the teardown is the setup in reverse."""
+    mp = start.mountpoint
+    with contextlib.ExitStack() as stack:
+        daemon = _DaemonRef(start.pending[0] if start.pending else None)
+        stack.callback(lambda: supervise.leave_users(mp, start.users_fd, daemon.proc))
         app = AppSetup(keep_caps, start.oom,
                        container_clock_source(mp + "/proc/uptime", host_clock))
         what = interception_for(sysinfo, affinity)
         if start.pending is not None:
-            daemon = supervise.start_or_reuse(mp, lambda: wait_ready(mp, *start.pending))
+            daemon.proc = supervise.start_or_reuse(mp, lambda: wait_ready(mp, *start.pending))
         else:
             check_reused_view(mp)
-        binds = binds_for(mp, bind_pressure)
-        wait_serving(mp + "/proc/meminfo")
-        if not rereads_after_lseek(mp + "/proc/meminfo"):
-            log.warning("open files on %s cannot be re-read after lseek (gVisor's FUSE "
-                        "client): binding regular copies refreshed every second", mp)
-            materialized = Materialized(binds, parent=space.private_dir)
-            binds = materialized.binds
+        binds, copies = _binds(start, bind_pressure, stack)
         # Forked while run still has one thread (an exec'd guard's start-up took 40-50 ms
         # of CPU from the daemon's and the app's), before the app's child, which hands
         # it the listener first.
         guard = _start_guard(what, mp)
-        pair = socket.socketpair() if guard is not None else None
-        pid = os.fork()
-        if pid == 0:
-            if pair is not None:
-                pair[0].close()
-            _child(binds, cmd, app, (pair[1], what, guard) if pair and guard else None,
-                   space, users)
-        # First: a Ctrl-C from here on is the app's, not ours.
-        for sig in FORWARDED:
-            signal.signal(sig, lambda s, _f: os.kill(pid, s))
-        if pair and guard:
-            pair[1].close()
-            syscalls = _start_syscall_view(pair[0], mp, what, guard)
-        # Copies (materialized) are refreshed from mp: only binds of mp need re-binding.
-        supervisor = supervise.Supervisor(mp, restart, pid,
-                                          None if materialized else binds, daemon,
-                                          app_sees_mountpoint=space.private_dir is None)
+        if guard is not None:
+            stack.callback(guard.close)
+        pid, sock = _fork_app(start, binds, cmd, app, what, guard)
+        if sock is not None and guard is not None:
+            syscalls = _start_syscall_view(sock, mp, what, guard)
+            if syscalls is not None:
+                stack.callback(syscalls.stop)
+        # Copies are refreshed from mp: only binds of mp need re-binding.
+        supervisor = supervise.Supervisor(mp, lambda: start_daemon(
+            mp, start.mount_args, start.space.daemon_env()), pid, None if copies else binds,
+            daemon.proc, app_sees_mountpoint=start.space.private_dir is None)
         supervisor.start()
-        _, status = os.waitpid(pid, 0)
-        for sig in FORWARDED:
-            signal.signal(sig, signal.SIG_DFL)
-        rc = os.waitstatus_to_exitcode(status)
-        return 128 - rc if rc < 0 else rc
-    finally:
-        if syscalls is not None:
-            syscalls.stop()
-        elif guard is not None:
-            guard.close()
-        if supervisor is not None:
-            supervisor.stop()
-            daemon = supervisor.daemon  # the one it restarted, if it did
-        if materialized is not None:
-            materialized.close()
-        supervise.leave_users(mp, users, daemon)
+        stack.callback(_stop_supervisor, supervisor, daemon)
+        return _wait_app(pid)
+
+
+def _binds(start: RunStart, pressure: bool, stack: contextlib.ExitStack
+           ) -> tuple[list[tuple[str, str]], bool]:
+    """(source, target) of each bind once the mount serves, and whether the sources are
+    refreshed copies (a FUSE client whose open files cannot be re-read)."""
+    mp = start.mountpoint
+    binds = binds_for(mp, pressure)
+    wait_serving(mp + "/proc/meminfo")
+    if rereads_after_lseek(mp + "/proc/meminfo"):
+        return binds, False
+    log.warning("open files on %s cannot be re-read after lseek (gVisor's FUSE client): "
+                "binding regular copies refreshed every second", mp)
+    materialized = Materialized(binds, parent=start.space.private_dir)
+    stack.callback(materialized.close)
+    return materialized.binds, True
+
+
+def _fork_app(start: RunStart, binds: list[tuple[str, str]], cmd: list[str],
+              app: AppSetup, what: Interception, guard: ListenerGuard | None
+              ) -> tuple[int, socket.socket | None]:
+    """The app's child, and our end of the socket it sends its seccomp listener on. From
+    here on a Ctrl-C (and the other forwarded signals) is the app's, not ours."""
+    pair = socket.socketpair() if guard is not None else None
+    pid = os.fork()
+    if pid == 0:
+        if pair is not None:
+            pair[0].close()
+        _child(binds, cmd, app, (pair[1], what, guard) if pair and guard else None,
+               start.space, start.users_fd)
+    for sig in FORWARDED:
+        signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    if pair is None:
+        return pid, None
+    pair[1].close()
+    return pid, pair[0]
+
+
+def _wait_app(pid: int) -> int:
+    """The app's exit code as a shell gives it (128 + the signal that killed it)."""
+    _, status = os.waitpid(pid, 0)
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_DFL)
+    rc = os.waitstatus_to_exitcode(status)
+    return 128 - rc if rc < 0 else rc
+
+
+def _stop_supervisor(supervisor: supervise.Supervisor, daemon: _DaemonRef) -> None:
+    supervisor.stop()
+    daemon.proc = supervisor.daemon  # the one it restarted, if it did

@@ -220,7 +220,9 @@ def test_the_seccomp_guard_outlives_agent_restarts_and_guestfs_upgrades():
     assert spec["priorityClassName"] == "system-node-critical"
     (guard,) = spec["containers"]
     args = build_parser().parse_args(guard["args"])
-    assert args.func.__name__ == "cmd_seccomp_guard" and args.dir == "/run/guestfs-seccomp"
+    from guestfs.cli import seccomp
+
+    assert args.func is seccomp.guard and args.dir == "/run/guestfs-seccomp"
     assert host_paths(spec, guard)[args.dir]["node"] == args.dir
     sc = guard["securityContext"]
     assert not sc.get("privileged") and sc["capabilities"]["drop"] == ["ALL"]
