@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--mountpoint",
                    help="where the filesystem is or will be mounted (default /run/guestfs; "
                         "where that cannot be made, a private tmpfs only run and its "
-                        "daemon see: docs/mount.md)")
+                        "daemon see: docs/run.md)")
     add_mount_options(p, view="self")
     add_limit_options(p, where=False)
     p.add_argument("--bind-pressure", action="store_true",

@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("seccomp-agent", help="answer sysinfo(2) and the CPU count for "
                                              "containers whose seccomp profile notifies them",
                        description="Listen on SOCKET for the seccomp listeners an OCI runtime "
-                                   "hands over (the profile's listenerPath, docs/deploy.md) "
+                                   "hands over (the profile's listenerPath, docs/syscalls.md) "
                                    "and answer each container's sysinfo(2) and "
                                    "sched_getaffinity(2) from SOURCE/<key>/..., its directory "
                                    "of a per-container mount; where there is none, the kernel "
@@ -40,7 +40,7 @@ def add_parser(sub: Any) -> None:
                                              "its restarts",
                        description="Hold every seccomp listener the agent of DIR hands over, "
                                    "pass their calls to the kernel while no agent runs, and "
-                                   "hand them back to the next agent (docs/deploy.md). For a "
+                                   "hand them back to the next agent (docs/syscalls.md). For a "
                                    "container of its own; the agent starts one otherwise. "
                                    "Ignores SIGTERM: it must outlive agents.")
     p.add_argument("--dir", default="/run/guestfs-seccomp",

@@ -5,7 +5,7 @@ The answers come from the same files the app reads (/proc/meminfo, /proc/loadavg
 /proc/uptime, /sys/devices/system/cpu/online), read through the mount, so `free`,
 `uptime`, nproc and getconf can never disagree with one another.
 
-Affinity under a CPU quota (docs/files.md, "System calls"): sched_getaffinity(0) answers
+Affinity under a CPU quota (docs/syscalls.md): sched_getaffinity(0) answers
 the first N CPUs of the caller's real mask, N being the visible CPU count. What an app
 then does with that mask decides the default:
 - ``view`` (default): sched_setaffinity(0, <the mask it was told>) succeeds without

@@ -1,5 +1,5 @@
 """The daemon `guestfs run` starts: the first one forked from run itself, a restarted one
-executed as `guestfs mount` (docs/mount.md, "Start-up").
+executed as `guestfs mount` (docs/run.md, "How `run` starts its daemon").
 
 The app waits for the first one, and a fresh interpreter would make it wait for Python's
 start and for every module run has already loaded (about 60 ms of the 0.15 s the app
@@ -86,7 +86,7 @@ def start_daemon(mp: str, mount_args: list[str],
     process group) and SIGHUP reach the app and us, never the daemon, which we stop once
     the app has exited. With --exit-when-unused it stops itself once no run holds the
     mount's users lock, so a run killed with -9 leaves nothing behind, while a daemon
-    another run still uses outlives the run that started it (docs/mount.md).
+    another run still uses outlives the run that started it (docs/run.md).
 
     Waited for on a pipe the daemon writes to once FUSE's INIT is done (--ready-fd), not
     by polling the mount: each look at it is a child process of its own (probe_mount),

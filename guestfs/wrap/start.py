@@ -40,7 +40,7 @@ def begin(mp: str, mount_args: list[str], explicit_mountpoint: bool,
     if space.lock_dir is not None:
         mountlock.use_lock_dir(space.lock_dir)
     oom = shield_wrapper()   # before the daemon: it inherits the shield
-    # A daemon run starts lives while any run uses it (docs/mount.md, "Shared mounts").
+    # A daemon run starts lives while any run uses it (docs/run.md, "Shared mounts").
     mount_args = [*mount_args, *space.daemon_args, "--exit-when-unused"]
     users = supervise.join_users(space.mountpoint)
     try:

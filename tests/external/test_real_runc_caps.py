@@ -3,7 +3,7 @@ hands a container (containerd for a root process with ``drop: [ALL]`` + ``add``:
 bounding = effective = permitted = the added set, inheritable and ambient empty;
 ``allowPrivilegeEscalation: false`` sets NoNewPrivs), under containerd's default set and
 privileged. The daemon and the app must end with exactly the sets docs/deploy.md and
-docs/mount.md give, with nothing but INFO lines on stderr; and run must work in an image
+docs/run.md give, with nothing but INFO lines on stderr; and run must work in an image
 with no /run, /tmp or /var on a read-only root."""
 
 from __future__ import annotations

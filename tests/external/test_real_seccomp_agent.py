@@ -1,4 +1,4 @@
-"""`guestfs seccomp-agent` with real runc containers: the profile from docs/deploy.md
+"""`guestfs seccomp-agent` with real runc containers: the profile from docs/syscalls.md
 hands each container's seccomp listener to the agent, which answers sysinfo(2) and
 sched_getaffinity(2) from that container's directory of a per-container guestfs mount.
 Everything (containers, agent, its guard, the mount) is removed even when a test fails."""
@@ -32,8 +32,8 @@ SEP = "----sep----"
 
 
 def docs_profile(listener: str) -> dict:
-    """The profile snippet of docs/deploy.md, so the documented one is the tested one."""
-    text = (REPO / "docs/deploy.md").read_text()
+    """The profile snippet of docs/syscalls.md, so the documented one is the tested one."""
+    text = (REPO / "docs/syscalls.md").read_text()
     block = next(b for b in re.findall(r"```json\n(.*?)```", text, re.S) if "listenerPath" in b)
     profile = json.loads(block)
     profile["listenerPath"] = listener

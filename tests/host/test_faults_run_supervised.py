@@ -160,7 +160,7 @@ def test_kill_9_of_the_daemon_under_run_is_healed(tmp_path, apps):
         killed_at = time.monotonic()
         daemon.kill()
         # Reads may go on from the kernel's page cache for up to --cache-ttl after the
-        # kill (docs/mount.md), so a served read alone does not say the new daemon is up:
+        # kill (docs/run.md), so a served read alone does not say the new daemon is up:
         # wait for run to have re-bound, then for a read served after that.
         assert wait_for(lambda n=n: app.output().count("served again, files re-bound") >= n,
                         RECOVERY_S), app.output()

@@ -1,5 +1,5 @@
 """`guestfs run` forks its first daemon and its seccomp guard rather than start new
-interpreters (docs/mount.md, "How `run` starts its daemon"): each is a process of its
+interpreters (docs/run.md, "How `run` starts its daemon"): each is a process of its
 own, named for ps, holding nothing of run's (its users lock above all, which would keep
 the daemon from ever finding itself unused), and gone with the app. A process with
 threads never forks them: it executes them as before."""

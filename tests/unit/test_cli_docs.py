@@ -19,11 +19,11 @@ PAGES = {
     "explain": ["docs/limits.md", "docs/explain-json.md"],
     "show": ["docs/files.md"],
     "mount": ["docs/mount.md"],
-    "run": ["docs/mount.md", "docs/files.md"],
+    "run": ["docs/run.md", "docs/syscalls.md"],
     "attach": ["docs/deploy.md"],
     "oci-hook": ["docs/deploy.md"],
-    "seccomp-agent": ["docs/deploy.md"],
-    "seccomp-guard": ["docs/deploy.md"],
+    "seccomp-agent": ["docs/syscalls.md"],
+    "seccomp-guard": ["docs/syscalls.md"],
 }
 # Options deliberately left out of --help (argparse.SUPPRESS), with the reason. None today.
 HIDDEN: dict[tuple[str, str], str] = {}
