@@ -31,8 +31,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
-import select
 import signal
 import socket
 import threading
@@ -61,13 +59,7 @@ from guestfs.syscalls.keeper import (
     owned_private_dir,
     remove_stale,
 )
-from guestfs.syscalls.notify import (
-    Handler,
-    receive,
-    respond,
-    serve_one,
-    sync_wake_up,
-)
+from guestfs.syscalls.notify import Handler, ListenerLoop, Served
 from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.seccomp")
@@ -283,17 +275,9 @@ class Handoffs:
 
 # ------------------------------------------------------------------------ serving
 
-@dataclass
-class Container:
-    listener: int
-    name: str                           # for the log: container id and pid
-    handlers: dict[int, Handler]        # empty: every call goes to the kernel
-    served: int = 0
-
-
 class Agent:
-    """Answers every container's listener from one thread; listeners come from accept()
-    in another, through a queue and a wake-up pipe."""
+    """Answers every container's listener from one thread (syscalls.notify.ListenerLoop);
+    listeners come from accept() in another."""
 
     def __init__(self, arch: Arch, source: str, sysinfo: bool, affinity: str,
                  guard: GuardLink | None) -> None:
@@ -301,13 +285,12 @@ class Agent:
         self.source = source
         self.what = interception_for(sysinfo, affinity)
         self.guard = guard
-        self.containers: dict[int, Container] = {}
-        self._incoming: queue.SimpleQueue[Container] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._thread = threading.Thread(target=self._serve, name="guestfs-agent", daemon=True)
+        # Every container's listener, answered from one thread; a 32-bit call (its
+        # numbers are another table's: i386 sysinfo is 116) goes to the kernel.
+        self.loop = ListenerLoop(arch.audit_arch)
 
     def start(self) -> Agent:
-        self._thread.start()
+        self.loop.start()
         return self
 
     # -- hand-offs (the accepting thread)
@@ -388,9 +371,7 @@ class Agent:
             log.warning("%s: the kernel answers its calls", name)
         else:
             log.info("%s: answering from its own view", name)
-        self._incoming.put(Container(listener, name, handlers))
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"x")
+        self.loop.add(Served(listener, handlers, name, on_gone=self._gone))
 
     def _handlers_for(self, name: str, root: str) -> dict[int, Handler]:
         read = texts_under(root)
@@ -407,49 +388,13 @@ class Agent:
                         root)
         return make_handlers(self.arch, view, self.what)
 
-    # -- answering (the serving thread)
-
-    def _serve(self) -> None:
-        poller = select.poll()
-        poller.register(self._wake_r, select.POLLIN)
-        while True:
-            for fd, ev in poller.poll():
-                if fd == self._wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                    while not self._incoming.empty():
-                        c = self._incoming.get()
-                        self.containers[c.listener] = c
-                        sync_wake_up(c.listener)
-                        poller.register(c.listener, select.POLLIN)
-                    continue
-                c = self.containers[fd]
-                if ev & select.POLLIN:
-                    try:
-                        self._answer(c)
-                    except Exception:  # noqa: BLE001 - this thread answers every container
-                        log.exception("%s: answering a call", c.name)
-                elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                    # Every process of the filter has exited: the container is gone.
-                    poller.unregister(fd)
-                    del self.containers[fd]
-                    if self.guard is not None:
-                        self.guard.forget(fd)
-                    else:
-                        os.close(fd)
-                    log.info("%s exited; %d calls answered", c.name, c.served)
-
-    def _answer(self, c: Container) -> None:
-        try:
-            note = receive(c.listener)
-        except OSError:
-            return    # ENOENT: the caller was killed between poll and receive
-        if note.arch != self.arch.audit_arch:
-            # A 32-bit call: its numbers are another table's (i386 sysinfo is 116).
-            respond(c.listener, note.id, cont=True)
-            return
-        serve_one(c.listener, note, c.handlers)
-        c.served += 1
+    def _gone(self, served: Served) -> None:
+        """Every process of the container's filter has exited: the container is gone."""
+        if self.guard is not None:
+            self.guard.forget(served.listener)
+        else:
+            os.close(served.listener)
+        log.info("%s exited; %d calls answered", served.name, served.served)
 
 
 def serve_agent(socket_path: str, source: str, sysinfo: bool, affinity: str,

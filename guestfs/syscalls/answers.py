@@ -55,8 +55,9 @@ from guestfs.syscalls.notify import (
     Answer,
     CallerMemory,
     Handler,
+    ListenerLoop,
     Notification,
-    NotificationLoop,
+    Served,
 )
 from guestfs.system.oneline import os_error_line
 
@@ -254,7 +255,10 @@ class SyscallSupervisor:
                  guard: ListenerGuard) -> None:
         self.listener = listener
         self.guard = guard
-        self.loop = NotificationLoop(listener, handlers).start()
+        self.loop = ListenerLoop(until_empty=True).start()
+        # The listener stays ours (stop() closes it): nothing to do when it hangs up.
+        self.loop.add(Served(listener, handlers, "the app's listener",
+                             on_gone=lambda _served: None))
 
     def stop(self) -> None:
         self.loop.stop()

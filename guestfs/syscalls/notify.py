@@ -25,13 +25,12 @@ import errno
 import fcntl
 import logging
 import os
+import queue
 import select
 import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-
-from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -192,51 +191,109 @@ def sync_wake_up(listener: int) -> None:
         fcntl.ioctl(listener, IOCTL_NOTIF_SET_FLAGS, FD_SYNC_WAKE_UP)
 
 
-class NotificationLoop:
-    """Answers one listener in a thread of its own, until every filtered process has
-    exited (the listener then polls POLLHUP) or stop() is called."""
+@dataclass
+class Served:
+    """One listener a ListenerLoop answers, with its handlers (empty: every call goes to the
+    kernel). ``on_gone`` takes it once no process of its filter is left (the listener
+    then belongs to it); by default the loop closes it."""
+    listener: int
+    handlers: Mapping[int, Handler]
+    name: str = "a listener"
+    on_gone: Callable[[Served], None] | None = None
+    served: int = 0
 
-    def __init__(self, listener: int, handlers: Mapping[int, Handler]) -> None:
-        self.listener = listener
-        self.handlers = handlers
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
-        self._thread = threading.Thread(target=self._loop, name="guestfs-seccomp", daemon=True)
 
-    def start(self) -> NotificationLoop:
-        sync_wake_up(self.listener)
+class ListenerLoop:
+    """Answers seccomp listeners from one thread: `guestfs run`'s one, its successor's,
+    or every container's of the seccomp agent. Listeners are added from any thread,
+    through a queue and a wake-up pipe. A call of another architecture than
+    ``audit_arch`` (a 32-bit one: its syscall numbers are another table's) goes to the
+    kernel. With ``until_empty`` the thread ends once its last listener is gone."""
+
+    def __init__(self, audit_arch: int | None = None, until_empty: bool = False) -> None:
+        self.audit_arch = audit_arch
+        self.until_empty = until_empty
+        self.listeners: dict[int, Served] = {}
+        self._incoming: queue.SimpleQueue[Served] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="guestfs-seccomp",
+                                        daemon=True)
+
+    def start(self) -> ListenerLoop:
         self._thread.start()
         return self
 
-    def _loop(self) -> None:
-        poller = select.poll()
-        poller.register(self.listener, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        while True:
-            events = dict(poller.poll())
-            if self._wake_r in events:
-                return
-            ev = events.get(self.listener, 0)
-            if ev & select.POLLIN:
-                try:
-                    note = receive(self.listener)
-                except OSError as e:
-                    # ENOENT: the caller was killed between poll and recv.
-                    if e.errno not in (errno.ENOENT, errno.EINTR):
-                        log.warning("seccomp listener: %s", os_error_line(e))
-                        return
-                    continue
-                serve_one(self.listener, note, self.handlers)
-            elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                return
+    def add(self, served: Served) -> None:
+        self._incoming.put(served)
+        self._wake()
 
     def join(self) -> None:
-        """Until every filtered process has exited (or stop() is called)."""
+        """Until the thread ends (``until_empty``: every listener gone) or stop()."""
         self._thread.join()
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        self._stopping = True
+        self._wake()
         self._thread.join(5)
         for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _loop(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        while not self._stopping:
+            for fd, ev in poller.poll():
+                if fd == self._wake_r:
+                    self._take_incoming(poller)
+                elif ev & select.POLLIN:
+                    if not self._answer(self.listeners[fd]):
+                        self._drop(poller, fd)
+                elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    self._drop(poller, fd)
+            if self.until_empty and not self.listeners and self._incoming.empty():
+                return
+
+    def _take_incoming(self, poller: select.poll) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+        while not self._incoming.empty():
+            served = self._incoming.get()
+            self.listeners[served.listener] = served
+            sync_wake_up(served.listener)
+            poller.register(served.listener, select.POLLIN)
+
+    def _answer(self, served: Served) -> bool:
+        """One call answered; False when the listener cannot be read any more."""
+        try:
+            note = receive(served.listener)
+        except OSError as e:
+            # ENOENT: the caller was killed between poll and receive.
+            if e.errno in (errno.ENOENT, errno.EINTR):
+                return True
+            log.warning("%s: seccomp listener: %s; no longer answered", served.name, e)
+            return False
+        try:
+            if self.audit_arch is not None and note.arch != self.audit_arch:
+                respond(served.listener, note.id, cont=True)
+            else:
+                serve_one(served.listener, note, served.handlers)
+            served.served += 1
+        except Exception:  # noqa: BLE001 - this thread answers every listener
+            log.exception("%s: answering a call", served.name)
+        return True
+
+    def _drop(self, poller: select.poll, fd: int) -> None:
+        """Every process of the filter has exited."""
+        poller.unregister(fd)
+        served = self.listeners.pop(fd)
+        if served.on_gone is not None:
+            served.on_gone(served)
+        else:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -16,10 +16,11 @@ import logging
 import os
 import socket
 
-from guestfs.syscalls.answers import ServedView, supervise_listener, texts_under
-from guestfs.syscalls.filter import Interception
+from guestfs.syscalls.answers import ServedView, make_handlers, texts_under
+from guestfs.syscalls.filter import Interception, this_arch
 from guestfs.syscalls.guard import END, ListenerGuard
 from guestfs.syscalls.keeper import Kept, receive_handback
+from guestfs.syscalls.notify import ListenerLoop, Served
 
 log = logging.getLogger("guestfs.seccomp")
 
@@ -38,14 +39,15 @@ def serve_handed_over(fd: int, mountpoint: str, calls: str) -> int:
         sock.close()
         return 1
     guard = ListenerGuard.attached(sock, int(end[1:]) if end[1:].isdigit() else 0)
+    if not kept:
+        guard.close()
+        return 0
+    arch = this_arch()
     view = ServedView(texts_under(mountpoint))
-    what = Interception.parse(calls)
-    loops = [s for lfd, _meta in kept
-             if (s := supervise_listener(lfd, view, what, guard)) is not None]
-    for s in loops:
-        s.loop.join()
-    for s in loops:
-        with contextlib.suppress(OSError):
-            os.close(s.listener)
+    handlers = make_handlers(arch, view, Interception.parse(calls)) if arch else {}
+    loop = ListenerLoop(arch.audit_arch if arch else None, until_empty=True)
+    for lfd, _meta in kept:
+        loop.add(Served(lfd, handlers, "the app's listener"))   # closed once it hangs up
+    loop.start().join()
     guard.close()
     return 0

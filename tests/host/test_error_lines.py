@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from guestfs.cli import explain
 from guestfs.cli import main as cli
 from guestfs.system import sysmount
 from tests.support.fusemount import force_unmount, require_fuse
@@ -295,6 +296,6 @@ def test_an_os_error_no_command_caught_is_still_one_line(monkeypatch, capsys):
     def fails(_args: object) -> int:
         raise FileNotFoundError(2, "No such file or directory", "/x/y")
 
-    monkeypatch.setattr(cli, "cmd_explain", fails)
+    monkeypatch.setattr(explain, "command", fails)
     assert cli.main(["explain"]) == 1
     assert capsys.readouterr().err == "guestfs: explain: /x/y: No such file or directory\n"

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.syscalls.guard import GUARD_NAME
 from tests.support.fusemount import (
     force_unmount,
     is_guestfs_daemon,
@@ -150,9 +151,12 @@ def test_kill_9_of_run_leaves_sysinfo_answered_from_the_apps_files(mp):
         assert seen == [pages] * 30, seen
 
         def keepers() -> list[psutil.Process]:
-            return [p for p in psutil.process_iter(["cmdline"])
+            """run's guard (forked from run: named, with run's command line) and the
+            successor it started."""
+            return [p for p in psutil.process_iter(["cmdline", "name"])
                     if str(mp) in (c := " ".join(p.info["cmdline"] or []))
-                    and ("--seccomp-successor" in c or "--seccomp-guard" in c)]
+                    and ("--seccomp-successor" in c
+                         or p.info["name"] == GUARD_NAME.decode())]
 
         assert len(keepers()) == 2     # the guard and its successor
         app.kill()

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.syscalls.guard import GUARD_NAME
 from guestfs.system import sysmount
 from tests.support.fusemount import force_unmount, is_guestfs_daemon, require_fuse, wait_for
 
@@ -80,10 +81,11 @@ class App:
         return out
 
     def reader_pid(self) -> int:
-        # Not the daemon run forked, whose command line is run's.
+        # Not the daemon or the guard run forked, whose command lines are run's.
         (reader,) = [c for c in psutil.Process(self.proc.pid).children()
                      if "reader.py" in " ".join(c.cmdline())
-                     and not is_guestfs_daemon(c.cmdline(), c.name())]
+                     and not is_guestfs_daemon(c.cmdline(), c.name())
+                     and c.name() != GUARD_NAME.decode()]
         return reader.pid
 
     def fuse_mounts_at(self, path: str) -> int:

@@ -19,7 +19,7 @@ import pytest
 
 from guestfs.syscalls.answers import VIEW_FILES, ServedView, make_handlers, texts_under
 from guestfs.syscalls.filter import Interception, install_listener, this_arch
-from guestfs.syscalls.notify import NotificationLoop
+from guestfs.syscalls.notify import ListenerLoop, Served
 from tests.support.paths import SUPPORT
 
 pytestmark = pytest.mark.real
@@ -54,7 +54,7 @@ def counted(handlers: dict, answers: dict[str, int]) -> dict:
 
 
 def race(view_root: str | None, answers: dict[str, int] | None = None) -> dict:
-    """tests/support/mprotect_race.py's counts, its sysinfo answered by NotificationLoop from
+    """tests/support/mprotect_race.py's counts, its sysinfo answered by a ListenerLoop from
     ``view_root`` (None: by the kernel, no filter), each answer counted in ``answers``."""
     return app([sys.executable, RACE, "race", str(CALLS)], view_root, answers)
 
@@ -82,7 +82,9 @@ def app(argv: list[str], view_root: str | None, answers: dict[str, int] | None =
         view = ServedView(texts_under(view_root))
         handlers = handlers_of(counted(make_handlers(this_arch(), view, SYSINFO),
                                        {} if answers is None else answers))
-        loop = NotificationLoop(fds[0], handlers).start()
+        listener = fds[0]
+        loop = ListenerLoop().start()
+        loop.add(Served(listener, handlers, on_gone=lambda _s: None))
         stdout, _ = proc.communicate(timeout=300)
     finally:
         ours.close()
@@ -91,7 +93,7 @@ def app(argv: list[str], view_root: str | None, answers: dict[str, int] | None =
         proc.wait()
         if loop is not None:
             loop.stop()
-            os.close(loop.listener)
+            os.close(listener)
     return json.loads(stdout)
 
 

@@ -51,7 +51,7 @@ def test_a_listener_with_a_bad_state_is_kept_and_its_calls_go_to_the_kernel():
     os.close(listener)
     a.close()
     agent.handle_connection(b)
-    kept = agent._incoming.get_nowait()
+    kept = agent.loop._incoming.get_nowait()
     assert kept.handlers == {} and "unknown" in kept.name
     os.close(kept.listener)
 

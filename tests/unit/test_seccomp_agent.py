@@ -111,7 +111,7 @@ def test_hand_offs_without_a_listener_are_closed_and_nothing_is_served(payload, 
     agent.handle_connection(b)        # never raises
     os.close(r)
     os.close(w)
-    assert agent._incoming.empty()
+    assert agent.loop._incoming.empty()
     assert open_fds() == before       # the received pipe end was closed, and b too
 
 
