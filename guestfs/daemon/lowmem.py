@@ -4,7 +4,7 @@ memory limit (docs/performance.md, "Daemon memory")."""
 
 from __future__ import annotations
 
-import ctypes
+from guestfs.system import libc
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 
@@ -16,10 +16,6 @@ def one_malloc_arena() -> bool:
     thousand reads (benchmarks/bench_rss_imports.py). The GIL serialises the Python work
     those threads do anyway. Call before any thread starts; False where there is no glibc
     mallopt (musl has one that does nothing)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    if libc.mallopt is None:
         return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_ARENA_MAX, 1))
+    return bool(libc.mallopt(M_ARENA_MAX, 1))

@@ -30,7 +30,7 @@ import signal
 import threading
 from dataclasses import dataclass
 
-from guestfs.system import sysmount
+from guestfs.system import libc, sysmount
 from guestfs.system.caps import (
     CAP_SETPCAP,
     CAP_SYS_PTRACE,
@@ -56,10 +56,6 @@ SECUREBITS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 5)
 MS_NOSUID, MS_NODEV = 2, 4
 UMOUNT_NOFOLLOW = 8
 
-# The C library this interpreter is linked with (dlopen(NULL)), not find_library("c"):
-# that runs `ldconfig -p` in a child process on every call, at every start.
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 def drop_privileges(keep: frozenset[int] = KEPT_CAPS) -> frozenset[int]:
@@ -123,9 +119,9 @@ def detach(mountpoint: str) -> None:
     symlink swapped in for the mount point. gVisor refuses the flag (EINVAL, as for a
     path that is no longer a mount point): then without it, inside its sandbox."""
     path = os.fsencode(mountpoint)
-    if _libc.umount2(path, sysmount.MNT_DETACH | UMOUNT_NOFOLLOW) != 0 \
+    if libc.umount2(path, sysmount.MNT_DETACH | UMOUNT_NOFOLLOW) != 0 \
             and ctypes.get_errno() == errno.EINVAL:
-        _libc.umount2(path, sysmount.MNT_DETACH)
+        libc.umount2(path, sysmount.MNT_DETACH)
 
 
 def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import ctypes
 import os
 
 from guestfs.sources.host_root import HostRoot
+from guestfs.system import libc
 
 CLONE_NEWTIME = 0x80
 
@@ -42,7 +43,7 @@ def read_boottime_offset(host: HostRoot, pid: int) -> float:
         return 0.0
 
 
-def _setns_time(libc: ctypes.CDLL, path: str) -> None:
+def _setns_time(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         if libc.setns(fd, CLONE_NEWTIME) != 0:
@@ -67,7 +68,6 @@ def enter_container_boottime(age: float, boottime_now: float) -> None:
     missing or refused (kernel < 5.6, no CAP_SYS_ADMIN, a seccomp filter), leaving the
     process as it was."""
     offset = min(0.0, age - boottime_now)   # negative: the container booted after the host
-    libc = ctypes.CDLL(None, use_errno=True)
     original = os.open("/proc/self/ns/time", os.O_RDONLY | os.O_CLOEXEC)
     try:
         if libc.unshare(CLONE_NEWTIME) != 0:
@@ -84,7 +84,7 @@ def enter_container_boottime(age: float, boottime_now: float) -> None:
             # Entered now, not at exec: kernels before 6.x do not switch at exec, and a
             # process whose own time namespace is not the one its children get cannot
             # vfork (EINVAL; dash then says "Cannot fork" for every command).
-            _setns_time(libc, "/proc/self/ns/time_for_children")
+            _setns_time("/proc/self/ns/time_for_children")
         except OSError:
             # Back to the old namespace for ourselves and our children alike.
             if libc.setns(original, CLONE_NEWTIME) != 0:

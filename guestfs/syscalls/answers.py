@@ -59,6 +59,7 @@ from guestfs.syscalls.notify import (
     Notification,
     Served,
 )
+from guestfs.system import libc
 from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.seccomp")
@@ -134,15 +135,13 @@ def texts_under(mp: str) -> Callable[[], dict[str, str]]:
     return read
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 def _real_affinity(arch: Arch, tid: int, length: int) -> bytes | None:
     """The kernel's own answer for ``tid`` with buffer ``length``: the bytes it would copy
     out, or None where it would fail (then it answers itself, with its errno)."""
     buf = ctypes.create_string_buffer(min(length, _MAX_MASK))
-    n = _libc.syscall(ctypes.c_long(arch.sched_getaffinity), ctypes.c_long(tid),
+    n = libc.syscall(ctypes.c_long(arch.sched_getaffinity), ctypes.c_long(tid),
                       ctypes.c_long(len(buf)), buf)
     return None if n < 0 else buf.raw[:n]
 

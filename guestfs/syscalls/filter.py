@@ -16,6 +16,8 @@ import os
 import platform
 from dataclasses import dataclass
 
+from guestfs.system import libc
+
 # linux/seccomp.h
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
@@ -137,8 +139,6 @@ class _SockFprog(ctypes.Structure):
 
 # The C library this interpreter is linked with (dlopen(NULL)), not find_library("c"):
 # that runs `ldconfig -p` in a child process on every call, at every start.
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 def install_listener(what: Interception) -> int:
@@ -153,7 +153,7 @@ def install_listener(what: Interception) -> int:
     insns = build_program(arch, what)
     array = (_SockFilter * len(insns))(*[_SockFilter(*i) for i in insns])
     prog = _SockFprog(len(insns), array)
-    fd = _libc.syscall(ctypes.c_long(arch.seccomp), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
+    fd = libc.syscall(ctypes.c_long(arch.seccomp), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
                        ctypes.c_long(SECCOMP_FILTER_FLAG_NEW_LISTENER), ctypes.byref(prog))
     if fd < 0:
         e = ctypes.get_errno()

@@ -32,6 +32,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from guestfs.system import libc
+
 log = logging.getLogger("guestfs.seccomp")
 
 # _IOWR('!', 0, struct seccomp_notif), _IOWR('!', 1, struct seccomp_notif_resp),
@@ -55,12 +57,6 @@ class _BytesIOVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_char_p), ("len", ctypes.c_size_t)]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-for _copy in (_libc.process_vm_readv, _libc.process_vm_writev):
-    # pid, local iov, count, remote iov, count, flags (0)
-    _copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
-                      ctypes.c_ulong, ctypes.c_ulong]
-    _copy.restype = ctypes.c_ssize_t
 
 
 @dataclass(frozen=True)
@@ -140,7 +136,7 @@ class CallerMemory:
         """``size`` bytes at ``addr``; OSError(EFAULT) where the caller could not read them."""
         buf = ctypes.create_string_buffer(size)
         local = _IOVec(ctypes.addressof(buf), size)
-        if self._copy(_libc.process_vm_readv, local, addr, size) != size:
+        if self._copy(libc.process_vm_readv, local, addr, size) != size:
             raise OSError(errno.EFAULT, f"reading {size} bytes at {addr:#x}")
         return buf.raw
 
@@ -149,7 +145,7 @@ class CallerMemory:
         part before the first unwritable page, written) where it may not, as the kernel's
         copy_to_user."""
         n = len(data)
-        return self._copy(_libc.process_vm_writev, _BytesIOVec(data, n), addr, n) == n
+        return self._copy(libc.process_vm_writev, _BytesIOVec(data, n), addr, n) == n
 
 
 @dataclass(frozen=True)

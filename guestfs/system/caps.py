@@ -8,6 +8,8 @@ import ctypes
 import errno
 import os
 
+from guestfs.system import libc
+
 CAP_SETPCAP = 8
 CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
@@ -23,11 +25,6 @@ PR_CAP_AMBIENT_LOWER = 3
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
-# The C library this interpreter is linked with (dlopen(NULL)), not find_library("c"):
-# that runs `ldconfig -p` in a child process on every call, at every start.
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                        ctypes.c_ulong]
 
 
 class _Header(ctypes.Structure):
@@ -40,7 +37,7 @@ class _Data(ctypes.Structure):
 
 
 def prctl(what: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
-    rc = _libc.prctl(option, arg2, arg3, 0, 0)
+    rc = libc.prctl(option, arg2, arg3, 0, 0)
     if rc < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"{what}: {os.strerror(e)}")
@@ -50,7 +47,7 @@ def prctl(what: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
 def _capget() -> tuple[_Header, ctypes.Array[_Data]]:
     header = _Header(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_Data * 2)()
-    if _libc.capget(ctypes.byref(header), data) != 0:
+    if libc.capget(ctypes.byref(header), data) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"capget: {os.strerror(e)}")
     return header, data
@@ -104,7 +101,7 @@ def drop_capability(cap: int) -> None:
     data[word].effective &= mask
     data[word].permitted &= mask
     data[word].inheritable &= mask
-    if _libc.capset(ctypes.byref(header), data) != 0:
+    if libc.capset(ctypes.byref(header), data) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"capset: {os.strerror(e)}")
     try:
@@ -141,6 +138,6 @@ def set_caps(caps: frozenset[int]) -> None:
         word, bit = divmod(cap, 32)
         data[word].effective |= 1 << bit
         data[word].permitted |= 1 << bit
-    if _libc.capset(ctypes.byref(header), data) != 0:
+    if libc.capset(ctypes.byref(header), data) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"capset: {os.strerror(e)}")

@@ -9,10 +9,10 @@ may inherit a lock another thread held), which callers check with single_threade
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import threading
+
+from guestfs.system import libc
 
 _PR_SET_NAME = 15
 
@@ -42,5 +42,4 @@ def cut_off(keep: tuple[int, ...], devnull_stdio: bool) -> None:
 def name_process(name: bytes) -> None:
     """/proc/PID/comm (`ps -o comm`, `pgrep -x`): a forked child's command line stays its
     parent's, which only CAP_SYS_RESOURCE could change."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name[:15], 0, 0, 0)
+    libc.prctl_name(_PR_SET_NAME, name[:15], 0, 0, 0)

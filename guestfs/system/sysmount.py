@@ -7,6 +7,8 @@ import ctypes
 import errno
 import os
 
+from guestfs.system import libc
+
 MS_RDONLY = 1
 MS_REMOUNT = 32
 MS_BIND = 4096
@@ -30,16 +32,6 @@ PROC_SUPER_MAGIC = 0x9FA0
 SYSFS_MAGIC = 0x62656572
 FUSE_SUPER_MAGIC = 0x65735546
 
-# The C library this interpreter is linked with (dlopen(NULL)), not find_library("c"):
-# that runs `ldconfig -p` in a child process on every call, at every start.
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_void_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-_libc.unshare.argtypes = [ctypes.c_int]
-_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
-_libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
-_libc.syscall.restype = ctypes.c_long
 
 
 def _check(rc: int, what: str) -> None:
@@ -54,7 +46,7 @@ def _b(s: str | None) -> bytes | None:
 
 def mount(source: str | None, target: str, fstype: str | None = None, flags: int = 0,
           data: str | None = None) -> None:
-    _check(_libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)),
+    _check(libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)),
            f"mount {source} {target}")
 
 
@@ -65,12 +57,12 @@ def bind(source: str, target: str, readonly: bool = False) -> None:
 
 
 def umount(target: str, detach: bool = False) -> None:
-    _check(_libc.umount2(_b(target), MNT_DETACH if detach else 0), f"umount {target}")
+    _check(libc.umount2(_b(target), MNT_DETACH if detach else 0), f"umount {target}")
 
 
 def unshare_mount_namespace() -> None:
     """A private mount namespace: later mounts here are invisible to everyone else."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
     except OSError as e:
@@ -83,7 +75,7 @@ def enter_mount_namespace(pid: int) -> None:
     """Join ``pid``'s mount namespace (the caller must be single-threaded)."""
     fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        _check(_libc.setns(fd, CLONE_NEWNS), f"setns(mnt of pid {pid})")
+        _check(libc.setns(fd, CLONE_NEWNS), f"setns(mnt of pid {pid})")
     finally:
         os.close(fd)
     os.chdir("/")
@@ -92,7 +84,7 @@ def enter_mount_namespace(pid: int) -> None:
 def enter_mount_namespace_fd(ns_fd: int) -> None:
     """Join the mount namespace ``ns_fd`` (an fd on some /proc/PID/ns/mnt) names: the very
     namespace a caller checked through that fd, whatever became of PID since."""
-    _check(_libc.setns(ns_fd, CLONE_NEWNS), "setns(mnt)")
+    _check(libc.setns(ns_fd, CLONE_NEWNS), "setns(mnt)")
     os.chdir("/")
 
 
@@ -116,18 +108,18 @@ def _fd_link(fd: int) -> bytes:
 def umount_fd(fd: int) -> None:
     """Detach the mount whose root ``fd`` (an O_PATH fd) is, named by its magic link, so
     no symlink the target namespace holds is followed. The cwd must be our own /proc."""
-    _check(_libc.umount2(_fd_link(fd), MNT_DETACH), f"umount fd {fd}")
+    _check(libc.umount2(_fd_link(fd), MNT_DETACH), f"umount fd {fd}")
 
 
 def bind_fd(source_fd: int, target_fd: int) -> None:
     """bind(2) of the file behind ``source_fd`` over the one behind ``target_fd`` (the
     path-based fallback of move_mount_fd). The cwd must be our own /proc."""
-    _check(_libc.mount(_fd_link(source_fd), _fd_link(target_fd), None, MS_BIND, None),
+    _check(libc.mount(_fd_link(source_fd), _fd_link(target_fd), None, MS_BIND, None),
            f"bind fd {source_fd} over fd {target_fd}")
 
 
 def _syscall(what: str, number: int, *args: object) -> int:
-    rc = _libc.syscall(ctypes.c_long(number), *args)
+    rc = libc.syscall(ctypes.c_long(number), *args)
     if rc < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"{what}: {os.strerror(e)}")
@@ -172,7 +164,7 @@ def move_mount_path(tree_fd: int, target: str, beneath: bool = False) -> None:
 
 def umount_nofollow(path: str) -> None:
     """Detach the mount at ``path`` without following a symlink there."""
-    _check(_libc.umount2(_b(path), MNT_DETACH | UMOUNT_NOFOLLOW), f"umount {path}")
+    _check(libc.umount2(_b(path), MNT_DETACH | UMOUNT_NOFOLLOW), f"umount {path}")
 
 
 def fs_type(fd: int) -> int:
@@ -180,7 +172,7 @@ def fs_type(fd: int) -> int:
     whose daemon died raises ENOTCONN: statfs always asks the daemon, unlike stat, which
     the kernel may answer from its attribute cache."""
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit
-    _check(_libc.fstatfs(fd, buf), "fstatfs")
+    _check(libc.fstatfs(fd, buf), "fstatfs")
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
 
 

@@ -26,14 +26,13 @@ from collections.abc import Callable
 from guestfs.daemon import mountlock
 from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.sources.mountinfo import unescape
-from guestfs.system import sysmount
+from guestfs.system import libc, sysmount
 from guestfs.system.oneline import os_error_line
 
 log = logging.getLogger("guestfs.run")
 
 USERS_TIMEOUT = 15.0  # how long a new run waits for a daemon that is stopping to be gone
 
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _dead_connection(path: str) -> bool:
@@ -111,7 +110,7 @@ def rebind_in(pid: int, pairs: list[tuple[str, str]]) -> None:
 
 def _signal_main_thread(pid: int, sig: int) -> None:
     """tgkill(pid, pid, sig): ``sig`` to the main thread of process ``pid`` only."""
-    tgkill = getattr(_libc, "tgkill", None)
+    tgkill = libc.tgkill
     if tgkill is None:  # a libc older than 2.30
         os.kill(pid, sig)
         return

@@ -23,7 +23,7 @@ def test_a_withdrawn_call_is_never_written_and_is_continued(monkeypatch, sent):
     which the kernel refuses for a caller really gone."""
     copies = []
     monkeypatch.setattr(sn, "still_valid", lambda listener, nid: False)
-    monkeypatch.setattr(sn._libc, "process_vm_writev", lambda *a: copies.append(a) or 1)
+    monkeypatch.setattr(sn.libc, "process_vm_writev", lambda *a: copies.append(a) or 1)
     sn.serve_one(-1, NOTE, {99: lambda note, mem: sn.Answer(int(mem.write(0x1000, b"x")))})
     assert sent == [(7, 0, 0, True)] and copies == []
 
