@@ -142,9 +142,7 @@ def test_a_page_made_read_only_right_before_the_copy_is_not_written(tmp_path,
             return real(*args)
         return copy
 
-    if hasattr(sn, "_libc"):
-        monkeypatch.setattr(sn._libc, "process_vm_writev",
-                            flip_first(sn._libc.process_vm_writev), raising=False)
+    monkeypatch.setattr(sn.libc, "process_vm_writev", flip_first(sn.libc.process_vm_writev))
     monkeypatch.setattr(sn.os, "pwrite", flip_first(os.pwrite))
 
     def closing_after(handlers):

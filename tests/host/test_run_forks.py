@@ -86,9 +86,13 @@ def test_run_forks_its_daemon_and_guard_holding_nothing_of_runs(mp):
             assert os.getsid(p.pid) == p.pid                # a session of its own
             assert not [t for t in fd_targets(p.pid) if t.endswith(".users")], \
                 fd_targets(p.pid)
-        # The guard: /dev/null stdio, its socket, the app's listener, nothing else.
-        rest = sorted(t.split(":")[0] for t in fd_targets(guard.pid))
-        assert rest == sorted(["/dev/null"] * 3 + ["socket", "anon_inode"]), rest
+        # The guard: /dev/null stdio, its socket, the app's listener once the app's child
+        # has handed it over, nothing else.
+        def guard_fds() -> list[str]:
+            return sorted(t.split(":")[0] for t in fd_targets(guard.pid))
+
+        wanted = sorted(["/dev/null"] * 3 + ["socket", "anon_inode"])
+        assert wait_for(lambda: guard_fds() == wanted, 10), guard_fds()
         assert "seccomp" in " ".join(fd_targets(guard.pid))
     assert wait_for(lambda: not alive(daemon.pid) and not alive(guard.pid), 20)
 
