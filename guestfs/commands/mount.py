@@ -266,7 +266,7 @@ def serve(opts: MountOptions) -> int:
     # Before any thread starts: capabilities are dropped per thread, and a thread started
     # earlier would keep every one of them.
     dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
-                                         "fuse3" in binding.libfuse,
+                                         binding.takes_fd,
                                          reader_views=not server.fixed_view)
     users_held = exit_when_unused(mp) if opts.exit_when_unused else []
     server.start_sampler()
@@ -278,8 +278,7 @@ def serve(opts: MountOptions) -> int:
         "fixed" if server.fixed_view else "per-caller"
     # Page-cached files are revalidated by one GETATTR per REVALIDATE at most; libfuse3 tells
     # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
-    cached = layout != "per-caller" and "fuse3" in binding.libfuse \
-        and binding.name.startswith("mfusepy")
+    cached = layout != "per-caller" and binding.sees_capabilities
     # Served through the daemon, attributes are never cached: with default_permissions
     # (privileges.py) every open then asks for its file's, and that GETATTR renders the
     # file for the opener and sets the shared inode's size from it (fusefs.reported_size),
