@@ -10,7 +10,7 @@ Protocol minors are cited where a field or flag appeared; the engine speaks up t
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MAJOR = 7
 # 7.41 (Linux 6.12): FUSE_ALLOW_IDMAP. 7.40 (Linux 6.9): FUSE_HAS_RESEND and
@@ -193,8 +193,7 @@ def opcode_name(opcode: int) -> str:
     return OPCODE_NAMES.get(opcode, f"opcode {opcode}")
 
 
-@dataclass(frozen=True)
-class Attr:
+class Attr(NamedTuple):
     """What the kernel is told of an inode (struct fuse_attr), times in nanoseconds."""
     mode: int
     size: int = 0
@@ -209,9 +208,10 @@ class Attr:
 
 
 def pack_attr(attr: Attr, ino: int) -> bytes:
-    a, m, c = (divmod(max(0, t), 10**9) for t in (attr.atime_ns, attr.mtime_ns, attr.ctime_ns))
-    return ATTR.pack(ino, attr.size, attr.blocks, a[0], m[0], c[0], a[1], m[1], c[1],
-                     attr.mode, attr.nlink, attr.uid, attr.gid, 0, attr.blksize, 0)
+    mode, size, nlink, mtime, ctime, atime, uid, gid, blocks, blksize = attr
+    a, m, c = max(0, atime), max(0, mtime), max(0, ctime)
+    return ATTR.pack(ino, size, blocks, a // 10**9, m // 10**9, c // 10**9, a % 10**9,
+                     m % 10**9, c % 10**9, mode, nlink, uid, gid, 0, blksize, 0)
 
 
 def unpack_attr(raw: bytes) -> tuple[int, Attr]:

@@ -30,7 +30,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from guestfs.fuse import abi, mountfd
-from guestfs.fuse.session import STOP_SIGNALS, Negotiated, Opened, Options, Session, StatFs, current
+from guestfs.fuse.session import (
+    STOP_SIGNALS,
+    Negotiated,
+    Opened,
+    Options,
+    Session,
+    StatFs,
+    current,
+)
 
 log = logging.getLogger("guestfs.fuse")
 

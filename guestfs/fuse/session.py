@@ -17,6 +17,7 @@ requests its predecessor read but never answered (``notify_resend``, 7.40).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -203,10 +204,8 @@ class Session:
         if err not in (0, errno.ENODEV, errno.ECONNABORTED, errno.EBADF):
             log.error("reading /dev/fuse failed: %s", os.strerror(err))
         if self.wake_fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.write(self.wake_fd, b"\0")
-            except OSError:
-                pass
 
     def handle(self, frame: bytes) -> None:
         """Answer one frame; never raises."""

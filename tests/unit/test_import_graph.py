@@ -11,9 +11,11 @@ from tests.support.paths import REPO
 
 PKG = REPO / "guestfs"
 # Rank of each stage: a module may import its own stage or a lower one, never a higher.
-STAGES = {"system": 0, "sources": 1, "engine": 2, "render": 3, "daemon": 4, "commands": 5}
+# fuse/ (the FUSE protocol engine) sits just below the daemon, which may use it.
+STAGES = {"system": 0, "sources": 1, "engine": 2, "render": 3, "fuse": 4, "daemon": 5,
+          "commands": 6}
 PACKAGE = -1   # guestfs/__init__.py: the version and default paths, beneath everything
-TOP = 6        # guestfs/__main__.py, _boot.py: the entry points, above every stage
+TOP = 7        # guestfs/__main__.py, _boot.py: the entry points, above every stage
 
 
 def _module(path: Path) -> str:
