@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Iterable
 
 from guestfs.fuse import abi
 
 DEFAULT_LIMIT = 16384
+ADOPTED = 1 << 62    # the count of an adopted id: a FORGET never reaches zero
 _MASK = (1 << 63) - 1   # below FUSE_UNIQUE_RESEND's bit, never 0 or the root's 1
 
 
@@ -80,6 +82,23 @@ class InodeTable:
         old_path = next(iter(self._ids))
         del self._nodes[self._ids.pop(old_path)]
         self.evicted += 1
+
+    def adopt(self, paths: Iterable[str]) -> int:
+        """Name the node ids a predecessor gave out for ``paths`` (a successor on an
+        initialised connection: the kernel still holds them, with counts we cannot know).
+        Each is kept with a count no FORGET takes to zero, until the table's limit evicts
+        it. Returns how many were added."""
+        added = 0
+        for path in paths:
+            if path == "/" or path in self._ids:
+                continue
+            nodeid = self.remember(path)
+            if nodeid == path_id(path):    # a collision's probe need not match theirs
+                self._nodes[nodeid].count = ADOPTED
+                added += 1
+            else:
+                self.forget(nodeid, 1)
+        return added
 
     def forget(self, nodeid: int, nlookup: int) -> None:
         if nodeid == abi.ROOT_ID:

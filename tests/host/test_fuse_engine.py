@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.fuse import mountfd
 from guestfs.render.files import SERVED_FILES
 from guestfs.system import sysmount
 from tests.host.test_faults_lookup_memory import rss_kb, stat_missing
@@ -320,3 +321,56 @@ def test_an_unprivileged_user_mounts_through_fusermount3(tmp_path):
         assert proc.returncode == 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_successor_serves_the_same_connection_and_gets_the_lost_request(tmp_path):
+    """What the takeover step builds on: this test holds the /dev/fuse descriptor (the
+    holder's part); a first server negotiates INIT and is killed with -9 in the middle of
+    a READ; a second one, given only the descriptor and the first one's Negotiated, serves
+    the same mount, and FUSE_NOTIFY_RESEND brings it the READ the first one took with it."""
+    require_fuse()
+    mp = str(tmp_path / "mnt")
+    os.makedirs(mp)
+    m = mountfd.mount_direct(mountfd.MountSpec(mp, fsname="guestfs-test",
+                                               subtype="guestfs-test"))
+    procs: list[subprocess.Popen[str]] = []
+
+    def server(*args: str) -> dict:
+        p = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "engine_serve.py"),
+                              mp, "--fd", str(m.fd), *args], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, pass_fds=(m.fd,),
+                             cwd=tempfile.gettempdir())
+        procs.append(p)
+        line = p.stdout.readline()    # type: ignore[union-attr]
+        assert line, f"engine_serve.py exited with {p.wait(5)}"
+        return json.loads(line)
+
+    try:
+        first = json.loads(server("--stall")["negotiated"])
+        if first["kernel_minor"] < 40:
+            pytest.skip(f"FUSE_NOTIFY_RESEND needs protocol 7.40 (Linux 6.9); this kernel "
+                        f"speaks 7.{first['kernel_minor']}")
+        assert subprocess.run(["cat", f"{mp}/a"], capture_output=True, timeout=10).stdout \
+            == b"alpha\n"
+        stuck = subprocess.Popen(["cat", f"{mp}/slow"], stdout=subprocess.PIPE)
+        procs.append(stuck)   # type: ignore[arg-type]
+        with pytest.raises(subprocess.TimeoutExpired):
+            stuck.wait(1)          # the first server holds its READ
+        procs[0].kill()
+        procs[0].wait()
+        assert stuck.poll() is None   # the connection lives on in our descriptor
+        hello = server("--negotiated", json.dumps(first))
+        assert hello["resend"] == 0 and hello["adopted"] >= 3
+        assert stuck.communicate(timeout=10)[0] == b"answered by the successor\n"
+        assert subprocess.run(["cat", f"{mp}/d/b"], capture_output=True, timeout=10).stdout \
+            == b"bravo\n"
+    finally:
+        # The servers first, then the connection: a reader whose request was sent waits
+        # for its answer uninterruptibly, until the last descriptor closes and the
+        # kernel aborts the connection.
+        for p in procs:
+            p.kill()
+        mountfd.unmount(m)
+        os.close(m.fd)
+        for p in procs:
+            p.wait()
