@@ -15,7 +15,6 @@ looked up again is the same inode. Two paths whose hashes collide take the next 
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Iterable
 
@@ -26,8 +25,16 @@ ADOPTED = 1 << 62    # the count of an adopted id: a FORGET never reaches zero
 _MASK = (1 << 63) - 1   # below FUSE_UNIQUE_RESEND's bit, never 0 or the root's 1
 
 
+try:
+    # The C module itself: hashlib would also load OpenSSL's libcrypto (3.8 MiB of the
+    # daemon's RSS here) for a hash it does not need.
+    from _blake2 import blake2b
+except ImportError:     # an interpreter built without it
+    from hashlib import blake2b
+
+
 def path_id(path: str) -> int:
-    digest = hashlib.blake2b(path.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    digest = blake2b(path.encode("utf-8", "surrogateescape"), digest_size=8).digest()
     nodeid = int.from_bytes(digest, "little") & _MASK
     return nodeid if nodeid > abi.ROOT_ID else nodeid + 2
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
-import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -85,6 +83,7 @@ def mount_direct(spec: MountSpec) -> Mounted:
 
 
 def fusermount() -> str:
+    import shutil  # only without CAP_SYS_ADMIN: shutil pulls zlib, bz2 and lzma in
     helper = shutil.which("fusermount3", path=HELPER_PATH)
     if helper is None:
         raise MountFailed(errno.ENOENT, "no fusermount3 (package fuse3) to mount without "
@@ -93,6 +92,7 @@ def fusermount() -> str:
 
 
 def mount_fusermount(spec: MountSpec) -> Mounted:
+    import socket
     helper = fusermount()
     opts = ["ro" if spec.readonly else "rw", f"fsname={spec.fsname}",
             f"subtype={spec.subtype}"]
