@@ -306,7 +306,11 @@ class FUSE:
             raise TypeError("the guestfs FUSE engine serves raw_fi operations only")
         fs = OperationsFilesystem(operations, float(options.get("attr_timeout", 1.0)),
                                   float(options.get("entry_timeout", 1.0)))
-        fd, made = _connection(mountpoint, options)
+        try:
+            fd, made = _connection(mountpoint, options)
+        except OSError as e:
+            # As libfuse's FUSE() fails: the daemon logs it in one line and exits 1.
+            raise RuntimeError(f"cannot mount {mountpoint}: {e.strerror or e}") from None
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.session = Session(fd, fs, Options(default_permissions=bool(
             options.get("default_permissions"))), wake_fd=wake_w)
@@ -320,3 +324,5 @@ class FUSE:
         # ``fd`` stays open: a worker may still be blocked reading it, and a closed number
         # could be reused under it. The unmount ends the connection (ENODEV wakes the
         # workers); the process's exit closes the descriptor.
+        if self.session.failure:
+            raise RuntimeError(self.session.failure)

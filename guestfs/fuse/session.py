@@ -166,6 +166,7 @@ class Session:
         if negotiated is not None:
             self.initialised.set()
         self.counts: Counter[str] = Counter()
+        self.failure: str | None = None
         self._logged: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._handlers: dict[int, Callable[[Request, str], None]] = {
@@ -191,7 +192,7 @@ class Session:
                 frame = os.read(self.fd, BUFSIZE)
             except OSError as e:
                 if e.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
-                    continue    # ENOENT: the request was interrupted as it was read
+                    continue    # ENOENT: interrupted as it was read (libfuse restarts too)
                 self._end(e.errno)
                 return
             if not frame:
@@ -200,11 +201,13 @@ class Session:
             self.handle(frame)
 
     def _end(self, err: int) -> None:
+        """The connection is over: unmounted or aborted (ENODEV, ECONNABORTED), or
+        ``failure`` says why not."""
         if self.ended.is_set():
             return
+        if err not in (0, errno.ENODEV, errno.ECONNABORTED):
+            self.failure = f"reading /dev/fuse failed: {os.strerror(err)}"
         self.ended.set()
-        if err not in (0, errno.ENODEV, errno.ECONNABORTED, errno.EBADF):
-            log.error("reading /dev/fuse failed: %s", os.strerror(err))
         if self.wake_fd is not None:
             with contextlib.suppress(OSError):
                 os.write(self.wake_fd, b"\0")
@@ -251,6 +254,8 @@ class Session:
         if self.negotiated is None:
             # As libfuse: nothing is served before INIT (a connection adopted without
             # its parameters would land here).
+            if op in abi.NO_REPLY:
+                return
             raise _Error(errno.EIO)
         handler = self._handlers.get(op)
         if handler is not None:

@@ -374,3 +374,14 @@ def test_a_successor_serves_the_same_connection_and_gets_the_lost_request(tmp_pa
         os.close(m.fd)
         for p in procs:
             p.wait()
+
+
+def test_a_mount_that_fails_is_a_runtime_error_as_with_libfuse(tmp_path):
+    """serve() turns FUSE()'s RuntimeError into one logged line and exit status 1."""
+    from guestfs.fuse import adapter
+
+    require_fuse()
+    with pytest.raises(RuntimeError, match=r"cannot mount .*/absent: "):
+        adapter.FUSE(adapter.Operations(), str(tmp_path / "absent"), raw_fi=True,
+                     default_permissions=True)
+    assert not (tmp_path / "absent").exists()

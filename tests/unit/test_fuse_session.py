@@ -329,3 +329,21 @@ def test_fuse_get_context_is_the_request_being_answered():
     s.ask(frame(abi.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), uid=5, gid=6, pid=77))
     assert got == [(5, 6, 77)]
     s.close()
+
+
+def test_before_init_a_forget_gets_no_reply():
+    s = PipeSession(TinyFs(), init=False)
+    assert s.ask(frame(abi.FORGET, abi.FORGET_IN.pack(1), nodeid=5)) == []
+    s.close()
+
+
+def test_a_failed_device_read_ends_the_session_with_its_reason():
+    r, w = os.pipe()
+    os.close(w)
+    session = adapter.Session(r, TinyFs())
+    session._end(errno.EINVAL)      # what a too small read buffer gets from the kernel
+    assert session.ended.is_set() and "Invalid argument" in session.failure
+    os.close(r)
+    ok = adapter.Session(0, TinyFs())
+    ok._end(errno.ENODEV)           # unmounted: a clean end
+    assert ok.failure is None
