@@ -152,7 +152,6 @@ class OperationsFilesystem:
         self.ops = ops
         self.config = Config(attr_timeout, entry_timeout)
         self.use_ns = bool(getattr(ops, "use_ns", False))
-        self.no_opendir = False
 
     @property
     def entry_timeout(self) -> float:
@@ -172,9 +171,6 @@ class OperationsFilesystem:
             raise OSError(errno.EINVAL, "operation failed") from None
 
     def init(self, negotiated: Negotiated) -> None:
-        # With OPENDIR left out, a kernel that can opens directories without asking.
-        self.no_opendir = self._op("opendir") is None and \
-            negotiated.offered(abi.NO_OPENDIR_SUPPORT)
         if self._op("init_with_config") is not None:
             self._call("init_with_config", ConnInfo(negotiated), self.config)
         elif self._op("init") is not None:
@@ -203,8 +199,9 @@ class OperationsFilesystem:
 
     def opendir(self, path: str, flags: int) -> Opened:
         if self._op("opendir") is None:
-            if self.no_opendir:
-                raise OSError(errno.ENOSYS, "no opendir")   # the kernel stops asking
+            # Answered, as libfuse does, rather than ENOSYS: a kernel that then opens
+            # directories itself (no_opendir) also caches their listing (FOPEN_CACHE_DIR),
+            # and a per-container root's listing grows as containers are looked up.
             return Opened(0, 0)
         return Opened(int(self._call("opendir", path) or 0), 0)
 

@@ -385,3 +385,22 @@ def test_a_mount_that_fails_is_a_runtime_error_as_with_libfuse(tmp_path):
         adapter.FUSE(adapter.Operations(), str(tmp_path / "absent"), raw_fi=True,
                      default_permissions=True)
     assert not (tmp_path / "absent").exists()
+
+
+def test_per_container_directories_through_the_engine(tmp_path):
+    """--per-container: a directory per cgroup, made when looked up, page-cached, the
+    same files as libfuse3 serves."""
+    from guestfs.sources.containerdirs import dir_key
+
+    own = Path("/proc/self/cgroup").read_text()
+    path = next(line.split(":", 2)[2] for line in own.splitlines()
+                if line.split(":")[1] in ("memory", ""))
+    with two_mounts(tmp_path, "--per-container") as (lib, eng):
+        key = dir_key(path)
+        for f in ("/proc/meminfo", "/sys/devices/system/cpu/online"):
+            data = read_all(f"{eng}/{key}{f}")
+            assert os.stat(f"{eng}/{key}{f}").st_size == len(data)   # page-cached: exact
+            assert labels(data.decode()) == labels(read_all(f"{lib}/{key}{f}").decode())
+        assert key in os.listdir(eng) and ".guestfs-status" in os.listdir(eng)
+        with pytest.raises(FileNotFoundError):
+            os.stat(f"{eng}/%2Fno-such-cgroup-here/proc/meminfo")

@@ -268,7 +268,7 @@ def test_guestfs_operations_serve_through_the_engine():
     s.close()
 
 
-def test_an_open_answered_enosys_reaches_the_kernel_and_opendir_may_be_skipped():
+def test_an_open_answered_enosys_reaches_the_kernel_and_opendir_is_answered():
     class Ops(adapter.Operations):
         use_ns = True
 
@@ -288,7 +288,8 @@ def test_an_open_answered_enosys_reaches_the_kernel_and_opendir_may_be_skipped()
     (r,) = s.ask(frame(abi.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), nodeid=f))
     assert r.error == -errno.ENOSYS                 # the kernel then opens without asking
     (r,) = s.ask(frame(abi.OPENDIR, abi.OPEN_IN.pack(0, 0)))
-    assert r.error == -errno.ENOSYS                 # no opendir and NO_OPENDIR_SUPPORT
+    # No opendir: answered, not ENOSYS (no_opendir would cache listings: FOPEN_CACHE_DIR).
+    assert r.error == 0 and abi.OPEN_OUT.unpack(r.body) == (0, 0, 0)
     (r,) = s.ask(frame(abi.READDIR, abi.READ_IN.pack(0, 0, 4096, 0, 0, 0, 0)))
     assert dirents(r.body) == [(".", 0), ("..", 0), ("f", 8)]   # a bare name: DT_UNKNOWN
     (r,) = s.ask(frame(abi.ACCESS, abi.ACCESS_IN.pack(os.R_OK, 0)))
@@ -347,3 +348,20 @@ def test_a_failed_device_read_ends_the_session_with_its_reason():
     ok = adapter.Session(0, TinyFs())
     ok._end(errno.ENODEV)           # unmounted: a clean end
     assert ok.failure is None
+
+
+def test_notifications_are_the_kernels_frames(tiny):
+    """Each notification is one write: an out header with unique 0 and the notify code
+    in its error field, then its struct (fuse.h's fuse_notify_*_out)."""
+    s, _ = tiny
+    assert s.session.notify_inval_inode(0x1234, 0, 0) == 0
+    assert s.session.notify_inval_entry(abi.ROOT_ID, "proc") == 0
+    assert s.session.notify_resend() == 0
+    raw = os.read(s.r, 4096)
+    inode = abi.OUT_HEADER.pack(16 + 24, abi.NOTIFY_INVAL_INODE, 0) + \
+        abi.NOTIFY_INVAL_INODE_OUT.pack(0x1234, 0, 0)
+    entry = abi.OUT_HEADER.pack(16 + 16 + 5, abi.NOTIFY_INVAL_ENTRY, 0) + \
+        abi.NOTIFY_INVAL_ENTRY_OUT.pack(abi.ROOT_ID, 4, 0) + b"proc\0"
+    resend = abi.OUT_HEADER.pack(16, abi.NOTIFY_RESEND, 0)
+    assert raw == inode + entry + resend
+    assert (abi.NOTIFY_INVAL_INODE, abi.NOTIFY_INVAL_ENTRY, abi.NOTIFY_RESEND) == (2, 3, 7)
