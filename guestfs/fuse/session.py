@@ -224,27 +224,29 @@ class Session:
                 self._reply(req.unique, -req.errno)
             return
         _context.request = req
+        err = 0
         try:
             self._dispatch(req)
         except _Error as e:
-            self._reply(req.unique, -e.err)
+            err = e.err
         except OSError as e:
             err = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
-            self._reply(req.unique, -err)
         except Exception:   # noqa: BLE001 - a bug in one answer must not end the mount
             self.counts["exceptions"] += 1
             self._log_once(f"exc {req.opcode}", "%s failed; answering EIO",
                            abi.opcode_name(req.opcode), exc=True)
-            self._reply(req.unique, -errno.EIO)
+            err = errno.EIO
         finally:
             _context.request = None
+        if err and req.opcode not in abi.NO_REPLY:
+            self._reply(req.unique, -err)
 
-    def _log_once(self, key: str, msg: str, *args: object, exc: bool = False) -> bool:
+    def _log_once(self, key: str, msg: str, *args: object, exc: bool = False) -> None:
+        """Log a kind of trouble once (at most 256 kinds: bounded whatever comes)."""
         if key in self._logged or len(self._logged) > 256:
-            return False
+            return
         self._logged.add(key)
         log.warning(msg, *args, exc_info=exc)
-        return True
 
     def _dispatch(self, req: Request) -> None:
         op = req.opcode
