@@ -5,4 +5,4 @@ of the serving code."""
 VIEWS = ("caller", "init", "self")
 DEFAULT_VIEW = "caller"
 DEFAULT_CACHE_TTL = 0.5
-BINDINGS = ("auto", "mfusepy3", "mfusepy2", "fusepy")   # --fuse-binding (fuse_binding.py)
+BINDINGS = ("auto", "mfusepy3", "mfusepy2", "fusepy", "guestfs")  # --fuse-binding (fuse_binding.py)

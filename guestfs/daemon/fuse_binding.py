@@ -27,6 +27,17 @@ class Binding:
     module: ModuleType
     name: str          # what the startup log says
     libfuse: str
+    engine: bool = False   # guestfs's own protocol engine (guestfs/fuse/), no libfuse
+
+    @property
+    def takes_fd(self) -> bool:
+        """It serves a /dev/fd/N mounted beforehand (the daemon then drops privileges)."""
+        return self.engine or "fuse3" in self.libfuse
+
+    @property
+    def sees_capabilities(self) -> bool:
+        """Its init tells what the kernel's FUSE client offers (the page-cache path)."""
+        return self.engine or ("fuse3" in self.libfuse and self.name.startswith("mfusepy"))
 
 
 class BindingError(RuntimeError):
@@ -34,6 +45,10 @@ class BindingError(RuntimeError):
 
 
 def _try(choice: str) -> Binding:
+    if choice == "guestfs":   # opt-in only: "auto" never picks it
+        mod = importlib.import_module("guestfs.fuse.adapter")
+        return Binding(mod, "guestfs's FUSE engine", "no libfuse: kernel FUSE protocol",
+                       engine=True)
     if choice.startswith("mfusepy"):
         os.environ["FUSE_LIBRARY_NAME"] = "fuse3" if choice == "mfusepy3" else "fuse"
         if not _USER_LIBRARY_PATH:

@@ -317,7 +317,7 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
     # Before any thread starts: capabilities are dropped per thread, and a thread started
     # earlier would keep every one of them.
     dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
-                                         "fuse3" in binding.libfuse,
+                                         binding.takes_fd,
                                          reader_views=not server.fixed_view)
     if dropped:
         stack.callback(dropped.finish)
@@ -332,8 +332,7 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
         "fixed" if server.fixed_view else "per-caller"
     # Page-cached files are revalidated by one GETATTR per REVALIDATE at most; libfuse3 tells
     # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
-    cached = layout != "per-caller" and "fuse3" in binding.libfuse \
-        and binding.name.startswith("mfusepy")
+    cached = layout != "per-caller" and binding.sees_capabilities
     return _Serving(server, host, dropped.target if dropped else mp, layout, cached,
                     unblocked)
 

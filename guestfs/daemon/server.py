@@ -425,7 +425,7 @@ class ViewServer:
             entry = self._entry(key)
             with entry.lock:
                 # A re-created container starts again; render_file begins the view's
-                # load at its first read of any file (render.files.view_load).
+                # load at its first read of any file (daemon.file_table.view_load).
                 entry.state.follow(view.incarnation)
                 # /proc/stat is rendered per read: its btime follows the reader's time
                 # namespace (guestfs run gives the app the container's boot clock).

@@ -17,7 +17,7 @@ are a clock of their own (CpuClock), owned by the daemon per view:
   below 0), spread evenly over the N visible CPUs.
 * A counter going backwards within one cgroup re-bases the deltas: no served counter
   decreases. A new incarnation of the cgroup (another directory at the same path) is a
-  new container and gets a fresh clock from its owner (render.files.ViewState.follow),
+  new container and gets a fresh clock from its owner (daemon.file_table.ViewState.follow),
   so its busy time shows from its first reading and idle never exceeds age x N.
 
 Worked example (docs/files.md): N = 2, age 100 s, the cgroup has burnt 500 s before the

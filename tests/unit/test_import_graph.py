@@ -13,11 +13,12 @@ from tests.support.paths import REPO
 
 PKG = REPO / "guestfs"
 # Rank of each stage: a module may import its own stage or a lower one, never a higher,
-# nor another stage of its own rank.
-STAGES = {"system": 0, "sources": 1, "engine": 2, "render": 3, "daemon": 4, "syscalls": 4,
-          "wrap": 5, "inject": 5, "cli": 6}
+# nor another stage of its own rank. fuse/ (the FUSE protocol engine) sits just below the
+# daemon, which may use it.
+STAGES = {"system": 0, "sources": 1, "engine": 2, "render": 3, "fuse": 4, "daemon": 5,
+          "syscalls": 5, "wrap": 6, "inject": 6, "cli": 7}
 PACKAGE = -1   # guestfs/__init__.py: the version and default paths, beneath everything
-TOP = 7        # guestfs/__main__.py, _boot.py: the entry points, above every stage
+TOP = 8        # guestfs/__main__.py, _boot.py: the entry points, above every stage
 # What a renderer may import from outside render/: the engine's results and the pure
 # parsers of sources/, by name. Anything else (a reader of host files) makes it impure.
 PURE_FOR_RENDER = {
