@@ -106,8 +106,8 @@ def start_daemon(mp: str, mount_args: list[str],
 def fork_daemon(mp: str, mount_args: list[str], entry: Entry,
                 env: dict[str, str] | None = None) -> tuple[ForkedDaemon, int]:
     """``guestfs mount MP`` in a forked child, as start_daemon's but not waited for: the
-    child and the pipe end wait_ready takes. ``entry`` is the guestfs command's own main
-    (cli.main). Only from a single-threaded process."""
+    child and the pipe end wait_ready takes. ``entry`` runs an argv as the guestfs
+    command does (cli.mount.alone). Only from a single-threaded process."""
     if not forked.single_threaded():
         raise RunError("the daemon is forked only from a single-threaded run")
     r, w = os.pipe()

@@ -34,7 +34,7 @@ class RunStart:
 def begin(mp: str, mount_args: list[str], explicit_mountpoint: bool,
           entry: Entry) -> RunStart:
     """Everything the daemon needs before it starts, then the daemon itself, forked to
-    run ``entry`` (the guestfs command's main) as `guestfs mount`."""
+    run `guestfs mount` through ``entry`` (cli.mount.alone)."""
     # First, while single-threaded: a private space is a mount namespace of our own.
     space = runspace.choose(os.path.abspath(mp), explicit_mountpoint)
     if space.lock_dir is not None:
