@@ -7,6 +7,7 @@ each. VmRSS is not a timing: the same code measures within a few hundred KiB run
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -85,26 +86,29 @@ def _churn(mp: str, n: int) -> None:
 def test_vanished_containers_cost_next_to_nothing_once_forgotten():
     require_v1_root()
     with daemon("--per-container", "--cache-ttl", "0.1") as (mp, pid):
-        # Three times first: every cache up to its bound, and the heap to its peak of
-        # BATCH live containers beside MAX_VANISHED gone ones (twice was not always enough
-        # on a loaded machine: once 2.4 MiB more came after it, in a full run beside
-        # other work, where alone the same test measures -44 to 49 bytes each); one sweep
-        # of the vanished after each batch.
-        for _ in range(3):
+        # Twice first: every cache up to its bound, and the heap to its peak of BATCH
+        # live containers beside MAX_VANISHED gone ones; one sweep of the vanished after
+        # each batch.
+        for _ in range(2):
             _churn(mp, BATCH)
             time.sleep(SAMPLE_SECONDS + 1)
-        before = status_kib(pid)["VmRSS"]
+        rss = [status_kib(pid)["VmRSS"]]
         for _ in range(MEASURED):
             _churn(mp, BATCH)
             time.sleep(SAMPLE_SECONDS + 1)
-        after = status_kib(pid)["VmRSS"]
+            rss.append(status_kib(pid)["VmRSS"])
         listed = os.listdir(mp)
         with open(f"{mp}/.guestfs-status") as f:
             vanished = json.load(f).get("vanished", {"forgotten": 0})
-    per = (after - before) * 1024 / (BATCH * MEASURED)
-    print(f"VmRSS {before} -> {after} KiB after {BATCH * MEASURED} more vanished containers: "
-          f"{per:.0f} bytes each; {len(listed) - 1} directories listed; {vanished}")
-    assert per <= MAX_BYTES_PER_VANISHED, (before, after)
+    # What is kept of each container grows the heap in every batch; the allocator takes
+    # a step of its own now and then (2.4 MiB in one batch, seen in full runs only),
+    # which leaving out the batch that grew most leaves out.
+    growth = sorted(b - a for a, b in itertools.pairwise(rss))
+    per = sum(growth[:-1]) * 1024 / (BATCH * (MEASURED - 1))
+    print(f"VmRSS {rss} KiB over {MEASURED} batches of {BATCH} vanished containers: "
+          f"{per:.0f} bytes each (the batch that grew most left out); "
+          f"{len(listed) - 1} directories listed; {vanished}")
+    assert per <= MAX_BYTES_PER_VANISHED, rss
     # Every container of the measured batches was forgotten (all but the last
     # MAX_VANISHED of the warm-up's were too), and its name is gone from the listing.
     assert vanished["forgotten"] >= BATCH * MEASURED, vanished
