@@ -52,8 +52,9 @@ def show(path: str, *args: str) -> str:
 
 
 def labels(text: str) -> list[str]:
-    """A file's shape: each line with its numbers taken out."""
-    return [re.sub(r"\d+", "N", line) for line in text.splitlines()]
+    """A file's shape: each line with its numbers, and the padding before them, taken out
+    (meminfo pads a value to a width: one more digit, one space fewer)."""
+    return [re.sub(r"\s*\d+", " N", line) for line in text.splitlines()]
 
 
 def read_all(path: str) -> bytes:
