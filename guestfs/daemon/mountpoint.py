@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from guestfs.sources.mountinfo import MountEntry, parse_mount_entries
+from guestfs.system import forked
 
 STATUS_PATH = "/.guestfs-status"   # the daemon's status, at the root of every layout
 
@@ -89,7 +90,7 @@ def probe_mount(mp: str, name: str = "", timeout: float = PROBE_TIMEOUT,
     child is our own interpreter by absolute path, isolated (-I -S): nothing is imported
     from the working directory. ``nice``: the child's nice value, for a probe that must
     not take the CPU from the readers it is started beside."""
-    if _single_threaded():
+    if forked.single_threaded():
         return _probe_forked(mp, name, timeout, limit)
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE, mp, name, str(limit)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -120,15 +121,6 @@ def _parse_probe(out: bytes) -> tuple[int, bytes]:
         return int(head), data
     except ValueError:
         return errno.EIO, b""   # the child died before answering
-
-
-def _single_threaded() -> bool:
-    """One thread in this process, libfuse's and ctypes' included: a fork then runs
-    Python safely (no lock held by a thread the child would not have)."""
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
 
 
 def _probe_forked(mp: str, name: str, timeout: float, limit: int) -> tuple[int, bytes]:

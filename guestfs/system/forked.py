@@ -10,7 +10,6 @@ may inherit a lock another thread held), which callers check with single_threade
 from __future__ import annotations
 
 import os
-import threading
 
 from guestfs.system import libc
 
@@ -18,7 +17,13 @@ _PR_SET_NAME = 15
 
 
 def single_threaded() -> bool:
-    return threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
+    """One thread in this process, libfuse's and ctypes' included (the kernel's count,
+    not Python's): a fork then runs Python safely (no lock held by a thread the child
+    would not have)."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
 
 def cut_off(keep: tuple[int, ...], devnull_stdio: bool) -> None:
