@@ -50,8 +50,3 @@ process_vm_writev = _declare("process_vm_writev", ctypes.c_ssize_t, c_int, c_voi
                              c_ulong, c_void_p, c_ulong, c_ulong)
 # glibc's; musl has one that does nothing.
 mallopt = _declare("mallopt", c_int, c_int, c_int)
-
-
-def errno() -> int:
-    """The errno of this thread's last call through these functions."""
-    return ctypes.get_errno()
