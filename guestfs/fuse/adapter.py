@@ -263,7 +263,8 @@ def _connection(mountpoint: str, options: dict[str, Any]) -> tuple[int, mountfd.
 
 
 def run_session(session: Session, wake_r: int) -> None:
-    """Serve until a stop signal (main thread only) or the end of the connection."""
+    """Serve until a stop signal (main thread only) or the end of the connection. A
+    session given its predecessor's parameters takes the connection over."""
     stopped: list[int] = []
     main = threading.current_thread() is threading.main_thread()
     previous: dict[int, Any] = {}
@@ -273,7 +274,13 @@ def run_session(session: Session, wake_r: int) -> None:
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, lambda s, _f: stopped.append(s))
     try:
-        session.start()
+        if session.initialised.is_set():
+            err = session.take_over()
+            if err:
+                log.warning("FUSE_NOTIFY_RESEND failed (%s): requests the previous daemon "
+                            "read and never answered stay unanswered", os.strerror(err))
+        else:
+            session.start()
         while not stopped and not session.ended.is_set():
             select.select([wake_r], [], [])
             while True:
@@ -295,7 +302,11 @@ class FUSE:
     """Mount (or take ``/dev/fd/N``), serve ``operations`` and return once stopped.
     Options as guestfs's mount passes them to mfusepy: attr_timeout, entry_timeout,
     fsname, subtype, allow_other, default_permissions, ro; the libfuse-only ones
-    (foreground, nothreads, max_idle_threads) mean nothing here."""
+    (foreground, nothreads, max_idle_threads) mean nothing here. The engine's own:
+    ``negotiated`` (a successor's: the predecessor's INIT parameters, as JSON),
+    ``on_negotiated`` (told them, as JSON, once INIT is answered) and ``resolver``
+    (every path the operations may serve: a successor's names for the predecessor's
+    node ids)."""
 
     def __init__(self, operations: Any, mountpoint: str, raw_fi: bool = False,
                  **options: Any) -> None:
@@ -309,8 +320,13 @@ class FUSE:
             # As libfuse's FUSE() fails: the daemon logs it in one line and exits 1.
             raise RuntimeError(f"cannot mount {mountpoint}: {e.strerror or e}") from None
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.session = Session(fd, fs, Options(default_permissions=bool(
-            options.get("default_permissions"))), wake_fd=wake_w)
+        given = options.get("negotiated")
+        told = options.get("on_negotiated")
+        self.session = Session(
+            fd, fs, Options(default_permissions=bool(options.get("default_permissions"))),
+            negotiated=Negotiated.from_json(given) if given else None, wake_fd=wake_w,
+            on_init=(lambda neg: told(neg.to_json())) if told else None,
+            resolver=options.get("resolver"))
         try:
             run_session(self.session, wake_r)
         finally:

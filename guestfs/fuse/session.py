@@ -23,8 +23,9 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -55,6 +56,7 @@ WANT = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIR
         | abi.MAX_PAGES | abi.INIT_EXT)
 OLDEST_MINOR = 12     # notifications (7.11-7.12); every kernel since 2.6.29
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+RESOLVE_INTERVAL = 0.2
 
 
 @dataclass(frozen=True)
@@ -154,12 +156,22 @@ class _Error(Exception):
 
 class Session:
     def __init__(self, fd: int, fs: Filesystem, options: Options = Options(),
-                 negotiated: Negotiated | None = None, wake_fd: int | None = None) -> None:
+                 negotiated: Negotiated | None = None, wake_fd: int | None = None,
+                 on_init: Callable[[Negotiated], None] | None = None,
+                 resolver: Callable[[], Iterable[str]] | None = None) -> None:
         self.fd = fd
         self.fs = fs
         self.options = options
         self.inodes = InodeTable(options.inode_limit)
         self.negotiated = negotiated
+        # Told once INIT is answered, or a taken-over connection serves (the holder).
+        self.on_init = on_init
+        # A successor's: every path it may serve, to name the node ids its predecessor
+        # gave out (inodes.path_id is a hash of the path). Asked again, at most every
+        # RESOLVE_INTERVAL, for an id not in the table.
+        self.resolver = resolver
+        self._resolved_at = -RESOLVE_INTERVAL
+        self._resolve_lock = threading.Lock()
         self.wake_fd = wake_fd            # told (one byte) when the connection ends
         self.ended = threading.Event()
         self.initialised = threading.Event()
@@ -261,10 +273,7 @@ class Session:
             raise _Error(errno.EIO)
         handler = self._handlers.get(op)
         if handler is not None:
-            path = self.inodes.path(req.nodeid)
-            if path is None:
-                raise _Error(errno.ESTALE)
-            handler(req, path)
+            handler(req, self._path(req.nodeid))
         elif op == abi.LOOKUP:
             self._lookup(req)
         elif op == abi.FORGET:
@@ -357,15 +366,50 @@ class Session:
         self.negotiated = neg
         if self._reply(req.unique, 0, out):
             self.initialised.set()
+            if self.on_init is not None:
+                self.on_init(neg)
             log.debug("FUSE %d.%d negotiated, flags %#x of %#x", neg.major, neg.minor,
                       flags, arg.flags)
 
     # ------------------------------------------------------------ requests
 
-    def _lookup(self, req: Request) -> None:
-        parent = self.inodes.path(req.nodeid)
-        if parent is None:
+    def _path(self, nodeid: int) -> str:
+        path = self.inodes.path(nodeid)
+        if path is None and self.resolver is not None:
+            path = self._resolve(nodeid)
+        if path is None:
             raise _Error(errno.ESTALE)
+        return path
+
+    def _resolve(self, nodeid: int) -> str | None:
+        """An id the kernel got from a predecessor: the resolver's paths adopted again
+        (bounded by the table's limit), at most every RESOLVE_INTERVAL."""
+        with self._resolve_lock:
+            path = self.inodes.path(nodeid)
+            now = time.monotonic()
+            if path is None and now - self._resolved_at >= RESOLVE_INTERVAL:
+                self._resolved_at = now
+                assert self.resolver is not None
+                self.counts["resolved"] += self.inodes.adopt(self.resolver())
+                path = self.inodes.path(nodeid)
+            return path
+
+    def take_over(self) -> int:
+        """A successor's first steps on an initialised connection, before its workers
+        start: the filesystem's init, the predecessor's ids named, then every request it
+        read and never answered sent again (0, or the errno of the RESEND)."""
+        assert self.negotiated is not None
+        self.fs.init(self.negotiated)
+        if self.resolver is not None:
+            self._resolve(abi.ROOT_ID + 1)
+        self.start()
+        err = self.notify_resend()
+        if self.on_init is not None:
+            self.on_init(self.negotiated)    # the holder: this successor serves
+        return err
+
+    def _lookup(self, req: Request) -> None:
+        parent = self._path(req.nodeid)
         path = child(parent, req.arg.decode("utf-8", "surrogateescape"))
         attr, attr_valid = self.fs.getattr(path, None)
         nodeid = self.inodes.remember(path)

@@ -102,6 +102,34 @@ def test_nothing_is_served_before_init_and_a_successor_serves_with_its_parameter
     successor.close()
 
 
+def test_a_successor_names_its_predecessors_node_ids_from_the_paths_it_serves():
+    """The kernel keeps the ids the first daemon gave: a successor's table is empty, and
+    its resolver (every path it may serve) names them by their hash; an id that no
+    path hashes to stays ESTALE, and the resolver is not asked again at once."""
+    first = PipeSession(TinyFs())
+    d, _ = lookup(first, "d")
+    b, _ = lookup(first, "b", parent=d)
+    asked: list[int] = []
+
+    def resolver() -> list[str]:
+        asked.append(1)
+        return ["/a", "/d", "/d/b"]
+
+    successor = PipeSession(TinyFs(), init=False, negotiated=first.session.negotiated)
+    successor.session.resolver = resolver
+    assert read(successor, b) == b"bravo\n"            # an id the successor never gave
+    (r,) = successor.ask(frame(abi.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), nodeid=d))
+    assert r.error == 0 and len(asked) == 1             # adopted once, all of them
+    (r,) = successor.ask(frame(abi.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), nodeid=12345))
+    assert r.error == -errno.ESTALE and len(asked) == 1   # asked a moment ago: not again
+    successor.session._resolved_at -= 1.0                 # a second later
+    (r,) = successor.ask(frame(abi.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), nodeid=12345))
+    assert r.error == -errno.ESTALE and len(asked) == 2
+    assert successor.session.counts["resolved"] == 3
+    first.close()
+    successor.close()
+
+
 # ------------------------------------------------------------------ requests
 
 def test_lookup_getattr_open_read_release(tiny):
