@@ -14,7 +14,9 @@ but os and sys imported, since its memory counts in the daemon's container, and 
 package only to unmount. The seccomp guard runs it as ``python -I -S _boot.py
 --seccomp-guard FD [KEEPER_FD] [--then-answer MOUNTPOINT CALLS]`` (or ``--seccomp-keeper
 KEEPER_FD``) for the same reason (guestfs.syscalls.guard), and starts the successor
-of a `guestfs run` that is gone as ``--seccomp-successor FD MOUNTPOINT CALLS``.
+of a `guestfs run` that is gone as ``--seccomp-successor FD MOUNTPOINT CALLS``. A
+``guestfs mount --hold`` starts the holder of its FUSE connection as ``--fuse-holder
+CTL FUSE LOCK MOUNTPOINT SOCKET -- ARGV...`` (guestfs.fuse.holder).
 """
 
 import os
@@ -25,6 +27,7 @@ SECCOMP_GUARD = "--seccomp-guard"      # as guestfs.system.selfexec.SECCOMP_GUAR
 SECCOMP_KEEPER = "--seccomp-keeper"    # as guestfs.system.selfexec.SECCOMP_KEEPER
 SECCOMP_SUCCESSOR = "--seccomp-successor"  # as guestfs.system.selfexec.SECCOMP_SUCCESSOR
 THEN_ANSWER = "--then-answer"          # as guestfs.system.selfexec.THEN_ANSWER
+FUSE_HOLDER = "--fuse-holder"          # as guestfs.system.selfexec.FUSE_HOLDER
 
 
 def _load_own_package() -> None:
@@ -89,6 +92,15 @@ def seccomp_successor(sock_fd: str, mountpoint: str, calls: str) -> int:
     return serve_handed_over(int(sock_fd), mountpoint, calls)
 
 
+def fuse_holder(args: list[str]) -> int:
+    """The holder of a FUSE connection (guestfs.fuse.holder): of the package, only
+    its own module and the message format are loaded."""
+    _load_own_package()
+    from guestfs.fuse.holder import holder_main
+
+    return holder_main(args)
+
+
 def _ignore_stop_signals() -> None:
     """What a terminal or a process-group kill sends is not for these keepers."""
     import signal
@@ -115,6 +127,8 @@ if __name__ == "__main__":
         raise SystemExit(seccomp_successor(*sys.argv[2:5]))
     if sys.argv[1:2] == [SECCOMP_KEEPER]:
         raise SystemExit(seccomp_guard("", sys.argv[2], stay=True))
+    if sys.argv[1:2] == [FUSE_HOLDER]:
+        raise SystemExit(fuse_holder(sys.argv[2:]))
     if sys.argv[1:2] == [UNMOUNT_WATCHER]:
         raise SystemExit(unmount_watcher(*sys.argv[2:4]))
     raise SystemExit(main(sys.argv[1:]))

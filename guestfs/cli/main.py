@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from guestfs import __version__
@@ -28,4 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return dispatch(build_parser().parse_args(argv))
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(given)
+    args.argv = given      # `mount --hold`: its holder starts successors with it
+    return dispatch(args)

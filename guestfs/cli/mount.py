@@ -36,6 +36,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--exit-when-unused", action="store_true",
                    help="unmount and exit once no `guestfs run` uses this mount (run starts "
                         "its daemon so; docs/mount.md)")
+    p.add_argument("--hold", action="store_true",
+                   help="keep the FUSE connection in a holder process, so that a killed or "
+                        "crashed daemon is succeeded on the same connection and no reader "
+                        "sees an error (Linux 6.9 and later; guestfs's own FUSE engine; "
+                        "docs/mount.md, \"Takeover\")")
     p.add_argument("--per-container", action="store_true",
                    help="serve one directory per container cgroup, MOUNTPOINT/<key>/proc/"
                         "meminfo and so on (key: the cgroup path percent-encoded, "
@@ -55,7 +60,36 @@ def alone(argv: list[str]) -> int:
     daemon runs (wrap/daemon_process.py), without the other commands' parsers."""
     parser = OneLineParser(prog="guestfs")
     add_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    return dispatch(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    return dispatch(args)
+
+
+# Options of the first daemon's start that a successor must not repeat: it is started
+# by the holder, already detached, and nobody waits on a descriptor of its.
+_FIRST_ONLY = {"--daemon": 0, "--ready-fd": 1}
+
+
+def respawn_argv(argv: list[str]) -> list[str]:
+    """The command line a holder starts a successor with: this mount's own, by this very
+    package (selfexec), less what only the first start means."""
+    from guestfs.system.selfexec import guestfs_argv
+
+    out: list[str] = []
+    skip = 0
+    for i, arg in enumerate(argv):
+        if skip:
+            skip -= 1
+            continue
+        name = arg.split("=", 1)[0]
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        if name in _FIRST_ONLY:
+            skip = 0 if "=" in arg else _FIRST_ONLY[name]
+            continue
+        out.append(arg)
+    return guestfs_argv(out)
 
 
 def command(args: argparse.Namespace) -> int:
@@ -81,7 +115,8 @@ def command(args: argparse.Namespace) -> int:
                         args.pid_file, args.log_file,
                         exit_when_unused=args.exit_when_unused, ready_fd=args.ready_fd,
                         per_container=args.per_container,
-                        reread_explicit=explicit_rereader(args, env))
+                        reread_explicit=explicit_rereader(args, env), hold=args.hold,
+                        respawn=tuple(respawn_argv(getattr(args, "argv", []))))
     try:
         check_fuse_device()
         return serve(opts)

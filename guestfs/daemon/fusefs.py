@@ -35,7 +35,13 @@ from guestfs.daemon.kernel_entries import EntryDropper
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
 from guestfs.daemon.server import UnseenReader, ViewServer
 from guestfs.render.served import SERVED_FILES
-from guestfs.sources.containerdirs import BadKey, cgroup_exists, existing_cgroups, path_of_key
+from guestfs.sources.containerdirs import (
+    BadKey,
+    cgroup_exists,
+    existing_cgroups,
+    path_of_key,
+    process_keys,
+)
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
@@ -136,7 +142,10 @@ class GuestOperations:
         self._dirs, self._files = _tree()
         self._t = time.time_ns()  # every directory carries the mount's start time
         self._per_handle = OpenRenderings()
-        self._next = itertools.count(1)  # next() on a count is atomic in CPython
+        # next() on a count is atomic in CPython. Handles from the pid up: a successor
+        # on a held connection (daemon/held.py) must not give a new open the number of
+        # a handle its predecessor gave a reader still reading.
+        self._next = itertools.count((os.getpid() << 32) + 1)
         # Served through the daemon, a GETATTR by path (a stat, or the permission check
         # of an open: attributes are never cached there, daemon/mount.py) renders the
         # file for the asking reader and reports that rendering's size (reported_size);
@@ -169,6 +178,16 @@ class GuestOperations:
     @property
     def kept_renderings(self) -> OpenRenderings:
         return self._per_handle
+
+    def known_paths(self) -> list[str]:
+        """Every path this mount may serve, for a successor naming its predecessor's node
+        ids: the layout's tree, under every running container's key per container."""
+        tree = [*self._dirs, *self._files]
+        if not self.per_container:
+            return tree
+        keys = dict.fromkeys([*self._known, *process_keys(self._server.host)])
+        return [STATUS_PATH, *(f"/{key}{'' if p == '/' else p}" for key in keys
+                               for p in tree if p != STATUS_PATH)]
 
     @property
     def probe_path(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -12,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guestfs.daemon import mountlock, privileges
 from guestfs.daemon.fuse_binding import Binding, load_binding
@@ -36,6 +37,10 @@ from guestfs.sources.host_pin import PinnedHost, pin_host_files
 from guestfs.system import sysmount
 from guestfs.system.oneline import one_line
 from guestfs.system.safefile import OpenedFile, open_private, remove_if_same, write_pid
+
+if TYPE_CHECKING:
+    # Loaded only for --hold (held.py brings socket and the holder's messages).
+    from guestfs.daemon import held
 
 log = logging.getLogger("guestfs.mount")
 ATTR_TIMEOUT = 0.5  # kernel entry cache (and attributes of page-cached files' directories)
@@ -62,6 +67,8 @@ class MountOptions:
     per_container: bool = False
     reread_explicit: Callable[[], ExplicitLimits] | None = None
     ready_fd: int | None = None       # --ready-fd: told once the mount serves
+    hold: bool = False                # --hold: a holder keeps the connection (held.py)
+    respawn: tuple[str, ...] = ()     # the command line the holder starts successors with
 
 
 def _read_own(mp: str, name: str) -> bytes | None:
@@ -254,13 +261,15 @@ class _Serving:
     layout: str
     cached: bool           # page-cached files (fusefs.init_with_config may still refuse)
     unblocked: set[signal.Signals] = field(default_factory=set)
+    lease: held.Lease | None = None   # --hold: this daemon's lease of the holder
 
 
 def serve(opts: MountOptions) -> int:
     """`guestfs mount`: set up, serve until a signal ends libfuse's loop, tear down."""
     mp = os.path.abspath(opts.mountpoint)
     ready = ready_notifier(opts.ready_fd)
-    binding = load_binding(opts.binding)
+    opts = _check_hold(opts)
+    binding = load_binding("guestfs" if opts.hold else opts.binding)
     with contextlib.ExitStack() as stack:
         serving = _set_up(opts, mp, binding, stack)
         ops = make_operations(binding.module, serving.server, serving.layout,
@@ -268,10 +277,15 @@ def serve(opts: MountOptions) -> int:
         _describe(opts, mp, binding, serving)
         threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
                          daemon=True).start()
+        kwargs = _fuse_options(opts, binding, serving)
+        if serving.lease is not None:
+            kwargs.update(_held_options(serving.lease, ops))
+            serving.lease.watch()
         signal.pthread_sigmask(signal.SIG_SETMASK, serving.unblocked)
         try:
-            binding.module.FUSE(ops, serving.target, raw_fi=True,
-                                **_fuse_options(opts, binding, serving))
+            binding.module.FUSE(ops, serving.target, raw_fi=True, **kwargs)
+            if serving.lease is not None:
+                serving.lease.stop()     # a clean stop: the holder unmounts
         except RuntimeError as e:
             # libfuse3's fuse_main returns 8 when a signal ended the loop: a clean stop.
             if e.args != (LIBFUSE3_STOPPED_BY_SIGNAL,):
@@ -283,17 +297,67 @@ def serve(opts: MountOptions) -> int:
     return 0
 
 
+def _check_hold(opts: MountOptions) -> MountOptions:
+    """--hold where it can work: guestfs's engine (libfuse cannot serve a connection it did
+    not initialise) on a kernel that resends (held.py); else served as without it."""
+    if not opts.hold:
+        return opts
+    from guestfs.daemon import held
+
+    if opts.binding not in ("auto", "guestfs"):
+        raise MountError(f"--hold needs guestfs's own FUSE engine; --fuse-binding "
+                         f"{opts.binding} cannot serve a connection another process "
+                         "initialised (use --fuse-binding auto or guestfs)")
+    if not held.kernel_resends():
+        log.warning("--hold needs Linux %d.%d or later (FUSE_NOTIFY_RESEND); this kernel "
+                    "is %s: served without a holder (a dead daemon's mount is re-bound as "
+                    "before)", *held.RESEND_KERNEL, os.uname().release)
+        return dataclasses.replace(opts, hold=False)
+    return opts
+
+
+def _held_options(lease: held.Lease, ops: Any) -> dict[str, Any]:
+    """The engine's FUSE options for a held connection: a successor's parameters, and
+    the word to the holder once this daemon serves (the first: once INIT is answered)."""
+    out: dict[str, Any] = {"resolver": ops.known_paths,
+                           "on_negotiated": lease.send_negotiated}
+    if lease.negotiated:
+        out["negotiated"] = lease.negotiated
+    return out
+
+
+def _take_lock(opts: MountOptions, mp: str) -> tuple[int, held.Lease | None]:
+    """The mount lock, or for --hold where a holder keeps it, the holder's connection."""
+    if opts.hold:
+        from guestfs.daemon import held
+
+        fd = mountlock.acquire(mp, "mount", fcntl.LOCK_EX)
+        if fd is not None:
+            return fd, None
+        lease = held.ask(mp)
+        if lease is not None:
+            assert lease.lock_fd is not None
+            return lease.lock_fd, lease
+    return hold_mount_lock(mp), None
+
+
 def _set_up(opts: MountOptions, mp: str, binding: Binding,
             stack: contextlib.ExitStack) -> _Serving:
     """Every step before libfuse's loop, in order, each registered on ``stack`` with what
     undoes it: the stack's reverse order is the teardown's (the mount lock last, so no
-    other daemon starts before ours is gone)."""
-    lock_fd = hold_mount_lock(mp)
-    stack.callback(mountlock.release_removing, lock_fd, mp, "mount")
+    other daemon starts before ours is gone). A successor on a held connection skips
+    what the mount's first daemon did (the mount point, the mount)."""
+    lock_fd, lease = _take_lock(opts, mp)
+    if lease is None:
+        stack.callback(mountlock.release_removing, lock_fd, mp, "mount")
+    else:
+        # The holder's lock: its file stays while the holder holds it.
+        stack.callback(os.close, lock_fd)
     users_held: list[int] = []
     # Unmounted, the locks' files can go (kept if a run still holds the users lock).
     stack.callback(_release_users, users_held, mp)
-    prepare_mountpoint(mp)
+    if lease is None:
+        prepare_mountpoint(mp)
     stack.callback(_detach_if_ours, mp)
     pid_file, log_file = open_output_files(opts)
     if pid_file is not None:
@@ -316,11 +380,10 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
         write_pid(pid_file, os.getpid())
     # Before any thread starts: capabilities are dropped per thread, and a thread started
     # earlier would keep every one of them.
-    dropped = privileges.mount_then_drop(mp, FSNAME, opts.allow_other,
-                                         binding.takes_fd,
-                                         reader_views=not server.fixed_view)
+    dropped = _mount_and_drop(opts, mp, binding, lock_fd, lease, not server.fixed_view)
     if dropped:
         stack.callback(dropped.finish)
+    lease = getattr(dropped, "lease", None)    # held.Held's
     if opts.exit_when_unused:
         exit_when_unused(mp, users_held)
     server.start_sampler()
@@ -334,7 +397,21 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
     # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
     cached = layout != "per-caller" and binding.sees_capabilities
     return _Serving(server, host, dropped.target if dropped else mp, layout, cached,
-                    unblocked)
+                    unblocked, lease)
+
+
+def _mount_and_drop(opts: MountOptions, mp: str, binding: Binding, lock_fd: int,
+                    lease: held.Lease | None,
+                    reader_views: bool) -> privileges.Dropped | held.Held | None:
+    if not opts.hold:
+        return privileges.mount_then_drop(mp, FSNAME, opts.allow_other, binding.takes_fd,
+                                          reader_views=reader_views)
+    from guestfs.daemon import held
+
+    if lease is not None:
+        return held.take_over(lease, reader_views)
+    return held.mount_held(mp, FSNAME, opts.allow_other, lock_fd, list(opts.respawn),
+                           reader_views)
 
 
 def _release_users(held: list[int], mp: str) -> None:

@@ -246,14 +246,19 @@ def mount_then_drop(mp: str, fsname: str, allow_other: bool, takes_fd: bool,
                     "its capabilities", mp, os_error_line(e))
         return None
     pid, w = start_unmount_watcher(m)
+    drop_and_report(reader_views, f"unmount watcher pid {pid}")
+    return Dropped(m, pid, w)
+
+
+def drop_and_report(reader_views: bool, helper: str) -> None:
+    """drop_privileges, and one line saying what is kept (``helper``: the process that
+    kept the right to unmount). A failure keeps them, with a warning."""
     try:
         missing = drop_privileges()
     except OSError as e:
         log.warning("capabilities kept: %s", os_error_line(e))
-    else:
-        _report_missing(missing, reader_views)
-        log.info("mounted; capabilities kept: %s (CapEff %s, CapBnd %s), NoNewPrivs %s; "
-                 "unmount watcher pid %d", cap_names(KEPT_CAPS - missing),
-                 _status_line("CapEff"), _status_line("CapBnd"), _status_line("NoNewPrivs"),
-                 pid)
-    return Dropped(m, pid, w)
+        return
+    _report_missing(missing, reader_views)
+    log.info("mounted; capabilities kept: %s (CapEff %s, CapBnd %s), NoNewPrivs %s; %s",
+             cap_names(KEPT_CAPS - missing), _status_line("CapEff"),
+             _status_line("CapBnd"), _status_line("NoNewPrivs"), helper)

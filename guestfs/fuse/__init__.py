@@ -8,6 +8,8 @@ One job per module: ``abi`` (the kernel ABI of include/uapi/linux/fuse.h), ``dec
 (untrusted request frames to requests or a clean errno), ``inodes`` (the bounded
 nodeid <-> path table), ``session`` (INIT and the serving loop), ``mountfd`` (/dev/fuse
 mounted by mount(2) or fusermount3), ``adapter`` (guestfs's mfusepy-style operations
-served through the engine: the ``--fuse-binding guestfs`` module). Standard library only;
-nothing here imports the daemon or the commands.
+served through the engine: the ``--fuse-binding guestfs`` module), ``holder`` (the
+process that keeps a connection open across its daemons' deaths: `mount --hold`) and
+``holdwire`` (the messages between it and the daemons). Standard library only; nothing
+here imports the daemon or the commands.
 """

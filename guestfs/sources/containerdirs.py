@@ -110,6 +110,29 @@ def key_of_cgroup_text(text: str) -> str | None:
     return dir_key(path) if path is not None else None
 
 
+def process_keys(host: HostRoot, limit: int = 4096) -> list[str]:
+    """The directory keys of the containers that have a running process, at most
+    ``limit`` (what a successor daemon may be asked about: guestfs.daemon.held)."""
+    keys: dict[str, None] = {}
+    try:
+        pids = [p for p in host.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        text = host.try_read_small(f"/proc/{pid}/cgroup")
+        if text is None:
+            continue
+        try:
+            key = key_of_cgroup_text(text)
+        except BadKey:
+            continue
+        if key is not None:
+            keys[key] = None
+            if len(keys) >= limit:
+                break
+    return list(keys)
+
+
 def cgroup_exists(host: HostRoot, spec: str) -> bool:
     """Whether the main path of ``spec`` is a cgroup directory in any hierarchy the daemon
     sees: a directory is served only for a container that exists (once served, a vanished

@@ -17,6 +17,7 @@ SECCOMP_GUARD = "--seccomp-guard"
 SECCOMP_KEEPER = "--seccomp-keeper"
 SECCOMP_SUCCESSOR = "--seccomp-successor"
 THEN_ANSWER = "--then-answer"   # SECCOMP_GUARD FD --then-answer MOUNTPOINT CALLS
+FUSE_HOLDER = "--fuse-holder"   # CTL FUSE LOCK MOUNTPOINT SOCKET -- ARGV (fuse/holder.py)
 
 
 class SelfExecError(RuntimeError):

@@ -1,0 +1,204 @@
+"""`guestfs mount --hold`: the daemon's side of the FUSE holder (guestfs.fuse.holder).
+
+The first daemon of a mount mounts it, starts its holder (handing it the /dev/fuse
+descriptor and the mount lock, before it drops its own privileges: the holder keeps the
+right to unmount) and sends it the INIT parameters once they are agreed. A daemon that
+finds the mount lock held asks the holder instead (``ask``): granted, it serves the same
+connection as a successor (``take_over``); refused, it stops with one line, as a second
+mount always has. While serving, each keeps its *lease*, the connection to the holder,
+whose end the holder takes for the daemon's death.
+
+Why only on Linux 6.9 and later: a successor must have the kernel send again what its
+predecessor read and never answered (FUSE_NOTIFY_RESEND); without it those readers
+would wait for ever. Older kernels are served as without --hold (docs/mount.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from guestfs.daemon import mountlock, privileges
+from guestfs.daemon.mountpoint import MountError
+from guestfs.fuse import holdwire
+from guestfs.system.oneline import one_line
+from guestfs.system.selfexec import FUSE_HOLDER, helper_argv
+
+log = logging.getLogger("guestfs.held")
+
+RESEND_KERNEL = (6, 9)       # FUSE_NOTIFY_RESEND, protocol 7.40
+RESEND_MINOR = 40
+ANSWER_TIMEOUT = 10.0        # a holder's "ready", or its answer to "serve" (a yield)
+
+
+def kernel_release(release: str | None = None) -> tuple[int, int]:
+    text = release if release is not None else os.uname().release
+    parts = (text.split("-", 1)[0].split(".") + ["0"])[:2]
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except ValueError:
+        return (0, 0)
+
+
+def kernel_resends(release: str | None = None) -> bool:
+    return kernel_release(release) >= RESEND_KERNEL
+
+
+def socket_path(mountpoint: str, lock_dir: str | None = None) -> str:
+    """Where the holder of ``mountpoint`` listens: beside its mount lock, in a directory
+    only root (or the mount's owner) may write to (mountlock.open_lock_dir)."""
+    return os.path.join(lock_dir or mountlock.LOCK_DIR,
+                        mountlock.mount_key(mountpoint) + holdwire.SUFFIX)
+
+
+class Lease:
+    """This daemon's connection to the holder, and what came with it."""
+
+    def __init__(self, sock: socket.socket, fuse_fd: int, negotiated: str | None = None,
+                 lock_fd: int | None = None) -> None:
+        self.sock, self.fuse_fd, self.lock_fd = sock, fuse_fd, lock_fd
+        self.negotiated = negotiated      # JSON of session.Negotiated: a successor's
+        self._stopped = threading.Lock()
+
+    def send_negotiated(self, negotiated_json: str) -> None:
+        try:
+            holdwire.send(self.sock, b"negotiated", negotiated_json.encode())
+        except OSError as e:
+            log.warning("the FUSE holder did not take the connection's parameters (%s): a "
+                        "death of this daemon will end the mount", e.strerror or e)
+
+    def watch(self) -> None:
+        """Until the lease ends: a ``yield`` asked of a successor started by the holder
+        ends this process at once (its unanswered requests go to the asker by RESEND),
+        the holder's own end is logged."""
+        threading.Thread(target=self._watch, name="guestfs-lease", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                msg = holdwire.recv(self.sock)
+            except holdwire.BadMessage:
+                continue
+            except OSError:
+                msg = None
+            if msg is None:
+                if not self._stopped.locked():
+                    log.warning("the FUSE holder is gone: this daemon's death will now end "
+                                "the mount")
+                return
+            for fd in msg[2]:
+                os.close(fd)
+            if msg[0] == b"yield":
+                log.info("another guestfs mount takes over this connection; exiting")
+                os._exit(0)
+
+    def stop(self) -> None:
+        """A clean stop: the holder detaches the mount and exits. Only the first call."""
+        if not self._stopped.acquire(blocking=False):
+            return
+        with contextlib.suppress(OSError):
+            holdwire.send(self.sock, b"stop")
+        self.sock.close()
+
+    def close(self) -> None:
+        """The lease ended without a clean stop (a failure): the holder takes it for a
+        death, and a successor serves on."""
+        if self._stopped.acquire(blocking=False):
+            self.sock.close()
+
+
+@dataclass
+class Held:
+    """What serve() gets in place of privileges.Dropped: where the binding serves."""
+    lease: Lease
+
+    @property
+    def target(self) -> str:
+        return f"/dev/fd/{self.lease.fuse_fd}"
+
+    def finish(self) -> None:
+        # serve() says stop after a clean stop; anything else is this daemon's failure.
+        self.lease.close()
+
+
+def start_holder(fuse_fd: int, lock_fd: int, mountpoint: str,
+                 respawn: list[str]) -> Lease:
+    """Start the holder of a mount just made; its lease once it listens. Call it while
+    single-threaded, before privileges are dropped."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = helper_argv(FUSE_HOLDER, str(theirs.fileno()), str(fuse_fd), str(lock_fd),
+                       mountpoint, socket_path(mountpoint), "--", *respawn)
+    with theirs:
+        proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), fuse_fd, lock_fd),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    ours.settimeout(ANSWER_TIMEOUT)
+    try:
+        msg = holdwire.recv(ours)
+    except (OSError, holdwire.BadMessage) as e:
+        msg = None
+        log.debug("holder: %s", e)
+    if msg is None or msg[0] != b"ready":
+        proc.kill()
+        proc.wait()
+        ours.close()
+        raise MountError(f"the FUSE holder of {mountpoint} did not start (exit "
+                         f"{proc.returncode}); mount without --hold")
+    ours.settimeout(None)
+    log.info("FUSE holder pid %d keeps the connection of %s", proc.pid, mountpoint)
+    return Lease(ours, fuse_fd)
+
+
+def ask(mountpoint: str) -> Lease | None:
+    """The connection of ``mountpoint`` from its holder, for a successor; None where no
+    holder listens. Refused (another daemon serves): MountError, one line."""
+    path = socket_path(mountpoint)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return None
+    try:
+        sock.settimeout(ANSWER_TIMEOUT)
+        holdwire.send(sock, b"serve", str(os.getpid()).encode())
+        msg = holdwire.recv(sock)
+        sock.settimeout(None)
+    except (OSError, holdwire.BadMessage) as e:
+        sock.close()
+        raise MountError(f"{mountpoint}: its FUSE holder did not answer ({e})") from None
+    if msg is None or msg[0] != b"granted" or len(msg[2]) != 2:
+        for fd in (msg[2] if msg else []):
+            os.close(fd)
+        sock.close()
+        why = msg[1].decode(errors="replace") if msg else "no answer"
+        raise MountError(one_line(f"{mountpoint} is already served by another guestfs "
+                                  f"mount ({why}); one mount per mountpoint"))
+    fuse_fd, lock_fd = msg[2]
+    return Lease(sock, fuse_fd, msg[1].decode(), lock_fd)
+
+
+def mount_held(mountpoint: str, fsname: str, allow_other: bool, lock_fd: int,
+               respawn: list[str], reader_views: bool) -> Held:
+    """The first daemon's mount, its holder, then privileges dropped."""
+    m = privileges.mount_fuse(mountpoint, fsname, allow_other)
+    try:
+        lease = start_holder(m.fd, lock_fd, mountpoint, respawn)
+    except MountError:
+        privileges.detach(mountpoint)
+        os.close(m.fd)
+        raise
+    privileges.drop_and_report(reader_views, "the FUSE holder unmounts")
+    return Held(lease)
+
+
+def take_over(lease: Lease, reader_views: bool) -> Held:
+    """A successor's start: privileges dropped as the first daemon's were (a successor the
+    holder started has the holder's)."""
+    privileges.drop_and_report(reader_views, "the FUSE holder unmounts")
+    log.info("took over the FUSE connection from its holder")
+    return Held(lease)

@@ -1,0 +1,309 @@
+"""The FUSE holder: a small process that keeps a mount's /dev/fuse descriptor (and its
+mount lock) open, so that the connection outlives the daemon serving it.
+
+A FUSE connection lives while any descriptor of its /dev/fuse stays open; requests wait
+in the kernel's queue until some process reads them, and since Linux 6.9 a new server
+can have the kernel queue again what a dead one had read and not answered
+(FUSE_NOTIFY_RESEND). So when the serving daemon dies (kill -9, OOM, a crash) nothing
+the readers see fails: their requests wait until a successor serves, on the same
+connection, under the same binds.
+
+The holder never reads the connection. It holds one *lease* at a time: its connection
+to the daemon that serves. The lease's end without ``stop`` is the daemon's death; then
+a ``guestfs mount MOUNTPOINT`` that asks within ``GRACE`` (what a restarted DaemonSet
+container runs) gets the descriptor, else the holder starts a successor itself (the
+first daemon's command line). A daemon that asks while a successor of the holder's own
+serves is given way to (``yield``); one that asks while any other daemon serves is
+refused. After ``MAX_YOUNG`` deaths in a row of daemons that took the lease and never
+said they serve (a crash loop), or a death before INIT was answered, the holder exits:
+the connection then ends as it did before holders (the readers see "Transport endpoint
+is not connected", and the next mount detaches the stale one).
+
+Started as ``python -I -S _boot.py --fuse-holder CTL FUSE LOCK MOUNTPOINT SOCKET --
+ARGV...``: no site, nothing of the serving code (it imports only ``holdwire``), so that
+its memory stays small in the container it lives in. It ignores the stop signals a
+terminal or a process-group kill sends; the serving daemon's clean stop (``stop``) ends
+it, or the mount's end (seen by the daemon, or while none serves by the descriptor's
+POLLERR).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+from guestfs.fuse import holdwire
+
+GRACE = 0.1       # a daemon asking this soon after a death wins over a successor of ours
+MAX_YOUNG = 5     # deaths in a row before serving (a crash loop): the connection ends
+ASK_TIMEOUT = 2.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
+
+
+def say(msg: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, f"guestfs-holder[{os.getpid()}]: {msg}\n".encode(errors="replace"))
+
+
+def detach(mountpoint: str) -> None:
+    """Lazily, never through a symlink (as privileges.detach; loaded only now: ctypes
+    would double this process's memory for the whole of its life)."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    path = os.fsencode(mountpoint)
+    if libc.umount2(path, MNT_DETACH | UMOUNT_NOFOLLOW) != 0 \
+            and ctypes.get_errno() == errno.EINVAL:
+        libc.umount2(path, MNT_DETACH)
+
+
+class Holder:
+    def __init__(self, ctl: socket.socket, fuse_fd: int, lock_fd: int, mountpoint: str,
+                 listen_path: str, respawn: list[str]) -> None:
+        self.fuse_fd, self.lock_fd, self.mountpoint = fuse_fd, lock_fd, mountpoint
+        self.listen_path, self.respawn = listen_path, respawn
+        self.lease: socket.socket | None = ctl
+        self.lease_pid = os.getppid()
+        self.lease_ours = False           # the lease holder is a successor we started
+        self.lease_serving = False        # it said it serves (``negotiated``)
+        self.negotiated: bytes | None = None
+        self.pending: socket.socket | None = None   # an asker waiting for a yield
+        self.child: int | None = None     # our successor, started and not yet leased
+        self.lost_at: float | None = None
+        self.young = 0
+        self.listener = self._listen()
+        self._wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def _listen(self) -> socket.socket:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.listen_path)    # a dead holder's (the lock says none lives)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.bind(self.listen_path)
+        os.chmod(self.listen_path, 0o600)
+        sock.listen(4)
+        self._listen_ino = os.stat(self.listen_path).st_ino
+        return sock
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        assert self.lease is not None
+        holdwire.send(self.lease, b"ready")
+        while True:
+            self._reap()
+            if self.lease is None and self.child is None and self.pending is None:
+                due = (self.lost_at or 0.0) + GRACE - time.monotonic()
+                if due <= 0:
+                    self._spawn()
+                    continue
+                timeout = due
+            else:
+                timeout = 1.0
+            done = self._wait(timeout)
+            if done is not None:
+                return done
+
+    def _wait(self, timeout: float) -> int | None:
+        """One poll; an exit status once the holder is done."""
+        poller = select.poll()
+        if self.lease is None:
+            # POLLERR only: the connection ended. Never while a daemon serves: each
+            # request queued would wake this process too (a read took twice as long on
+            # 2 CPUs); then the daemon sees the end itself and says ``stop``.
+            poller.register(self.fuse_fd, 0)
+        poller.register(self.listener, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        if self.lease is not None:
+            poller.register(self.lease, select.POLLIN)
+        # The lease's word first: an asker arriving with it must see what it said.
+        ready = poller.poll(timeout * 1000)
+        ready.sort(key=lambda e: e[0] != (self.lease.fileno() if self.lease else -1))
+        for fd, events in ready:
+            if fd == self.fuse_fd and events & (select.POLLERR | select.POLLHUP |
+                                                 select.POLLNVAL):
+                return 0                            # unmounted: nothing to hold
+            if fd == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 256)
+            elif fd == self.listener.fileno():
+                self._accept()
+            elif self.lease is not None and fd == self.lease.fileno():
+                done = self._from_lease()
+                if done is not None:
+                    return done
+        return None
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.child:
+                # It exited without taking the lease (refused, or failed to start).
+                self.child = None
+                if self.lease is None:
+                    self._died(f"successor pid {pid} exited ({os.waitstatus_to_exitcode(status)}) "
+                               "before serving", young=True)
+
+    # ------------------------------------------------------------ the lease
+
+    def _from_lease(self) -> int | None:
+        assert self.lease is not None
+        try:
+            msg = holdwire.recv(self.lease)
+        except holdwire.BadMessage as e:
+            say(f"ignored: {e}")
+            return None
+        except OSError:
+            msg = None
+        if msg is None:
+            return self._lease_lost()
+        verb, payload, fds = msg
+        for fd in fds:
+            os.close(fd)
+        if verb == b"negotiated":
+            self.negotiated = payload
+            self.lease_serving = True
+        elif verb == b"stop":
+            detach(self.mountpoint)
+            return 0
+        return None
+
+    def _lease_lost(self) -> int | None:
+        assert self.lease is not None
+        self.lease.close()
+        self.lease = None
+        if self.pending is not None:          # a yield: the asker takes over
+            asker, self.pending = self.pending, None
+            self._grant(asker, yielded=True)
+            return None
+        if self.negotiated is None:
+            say(f"the daemon (pid {self.lease_pid}) died before the connection was "
+                "initialised; ending it")
+            return 1
+        return self._died(f"the daemon (pid {self.lease_pid}) died",
+                          young=not self.lease_serving)
+
+    def _died(self, what: str, young: bool) -> int | None:
+        self.young = self.young + 1 if young else 0
+        if self.young >= MAX_YOUNG:
+            say(f"{what}: {self.young} young deaths in a row; ending the connection")
+            sys.exit(1)
+        self.lost_at = time.monotonic()
+        return None
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        try:
+            pid, uid = holdwire.peer_ids(conn)
+            if uid not in (0, os.getuid()):
+                raise PermissionError(f"uid {uid} may not serve this mount")
+            conn.settimeout(ASK_TIMEOUT)
+            msg = holdwire.recv(conn)
+            conn.settimeout(None)
+            if msg is None or msg[0] != b"serve":
+                raise holdwire.BadMessage("no serve")
+            for fd in msg[2]:
+                os.close(fd)
+        except (OSError, holdwire.BadMessage) as e:
+            say(f"refused a connection: {e}")
+            conn.close()
+            return
+        self._ask(conn, pid)
+
+    def _ask(self, conn: socket.socket, pid: int) -> None:
+        if self.negotiated is None:
+            self._refuse(conn, "the connection is not initialised yet")
+        elif self.lease is None:
+            self._grant(conn)
+        elif self.lease_ours and self.pending is None:
+            self.pending = conn
+            with contextlib.suppress(OSError):
+                holdwire.send(self.lease, b"yield")
+        else:
+            self._refuse(conn, f"pid {self.lease_pid} serves it")
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        with contextlib.suppress(OSError, holdwire.BadMessage):
+            holdwire.send(conn, b"refused", why.encode())
+        conn.close()
+
+    def _grant(self, conn: socket.socket, yielded: bool = False) -> None:
+        assert self.negotiated is not None
+        pid, _ = holdwire.peer_ids(conn)
+        try:
+            holdwire.send(conn, b"granted", self.negotiated, (self.fuse_fd, self.lock_fd))
+        except OSError as e:
+            say(f"pid {pid} asked and went away ({e.strerror})")
+            conn.close()
+            self.lost_at = time.monotonic() - GRACE
+            return
+        ours = pid == self.child
+        if ours:
+            self.child = None
+        self.lease, self.lease_pid, self.lease_ours = conn, pid, ours
+        self.lease_serving = False
+        self.lost_at = None
+        if not ours:
+            say(f"pid {pid} serves the connection" + (" (ours yielded)" if yielded else ""))
+
+    def _spawn(self) -> None:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for sig in (*STOP_SIGNALS, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)   # ignored ones survive exec
+                signal.set_wakeup_fd(-1)
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
+                os.execv(self.respawn[0], self.respawn)
+            finally:
+                os._exit(127)
+        self.child = pid
+        say(f"the daemon (pid {self.lease_pid}) is gone: started pid {pid} to serve on")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if os.stat(self.listen_path).st_ino == self._listen_ino:
+                os.unlink(self.listen_path)
+        self.listener.close()
+
+
+def holder_main(argv: list[str]) -> int:
+    """CTL FUSE LOCK MOUNTPOINT SOCKET -- RESPAWN..."""
+    if len(argv) < 7 or argv[5] != "--":
+        say("usage: --fuse-holder CTL FUSE LOCK MOUNTPOINT SOCKET -- ARGV...")
+        return 2
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    # The serving daemon blocks the stop signals in its threads; an exec keeps that mask,
+    # and a successor started with it would never take its SIGTERM.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    ctl = socket.socket(fileno=int(argv[0]))
+    fuse_fd, lock_fd = int(argv[1]), int(argv[2])
+    for fd in (ctl.fileno(), fuse_fd, lock_fd):
+        os.set_inheritable(fd, False)
+    try:
+        holder = Holder(ctl, fuse_fd, lock_fd, argv[3], argv[4], argv[6:])
+    except OSError as e:
+        say(f"cannot listen on {argv[4]}: {e.strerror}")
+        return 1
+    try:
+        return holder.run()
+    finally:
+        holder.close()

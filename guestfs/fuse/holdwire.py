@@ -1,0 +1,73 @@
+"""The messages between a FUSE holder (``holder``) and the daemons that serve its
+connection, over AF_UNIX SOCK_SEQPACKET: one message per packet, a verb, a newline and
+an opaque payload, at most ``MAX_MESSAGE`` bytes and ``MAX_FDS`` descriptors.
+
+Standard library only, and no json: the holder imports this and must stay small.
+
+Verbs, daemon to holder: ``ready`` (holder to daemon, once it listens), ``negotiated``
+(the INIT parameters, as ``session.Negotiated.to_json``), ``serve`` (a daemon asks for
+the connection; its payload is the asker's pid), ``stop`` (a clean stop: detach the
+mount and exit). Holder to daemon: ``granted`` (the /dev/fuse descriptor, payload: the
+negotiated parameters), ``refused`` (payload: why, one line), ``yield`` (a daemon the
+holder started itself is asked to make way for one that asked).
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+
+MAX_MESSAGE = 65536
+MAX_FDS = 2
+SUFFIX = ".holder"     # <lock dir>/<mount key>.holder: the holder's listening socket
+VERBS = frozenset({b"ready", b"negotiated", b"serve", b"stop", b"granted", b"refused",
+                   b"yield"})
+
+
+class BadMessage(ValueError):
+    pass
+
+
+def send(sock: socket.socket, verb: bytes, payload: bytes = b"",
+         fds: tuple[int, ...] = ()) -> None:
+    data = verb + b"\n" + payload
+    if verb not in VERBS or len(data) > MAX_MESSAGE or len(fds) > MAX_FDS:
+        raise BadMessage(f"cannot send {verb!r} ({len(data)} bytes, {len(fds)} fds)")
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.send(data)
+
+
+def recv(sock: socket.socket) -> tuple[bytes, bytes, list[int]] | None:
+    """(verb, payload, descriptors), or None at end of file. Descriptors arrive
+    close-on-exec; a message that is not one of ours is refused (BadMessage) with every
+    descriptor it carried closed."""
+    # Not socket.recv_fds: it drops its flags argument (CPython 3.11), and a descriptor
+    # must never reach a program this process starts.
+    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE + 1,
+                                           socket.CMSG_SPACE(MAX_FDS * 4),
+                                           socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, raw in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(raw[:len(raw) - len(raw) % fds.itemsize])
+    fds = list(fds)
+    if not data and not fds:
+        return None
+    verb, sep, payload = data.partition(b"\n")
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or not sep or verb not in VERBS \
+            or len(data) > MAX_MESSAGE:
+        for fd in fds:
+            os.close(fd)
+        raise BadMessage(f"not a holder message ({len(data)} bytes, flags {flags:#x})")
+    return verb, payload, fds
+
+
+def peer_ids(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end (SO_PEERCRED)."""
+    import struct
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return pid, uid

@@ -1,0 +1,238 @@
+"""A held mount (`guestfs mount --hold`) outlives its daemon: 20 kill -9s of whichever
+daemon serves, half followed at once by a new `guestfs mount MP` (a restarted DaemonSet
+container), half left to the holder, while four readers read files bound into mount
+namespaces of their own. No read fails and no bind is replaced."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from guestfs.daemon import held
+from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.sources.containerdirs import key_of_cgroup_text
+from tests.support.fusemount import require_fuse
+from tests.support.mounts import force_unmount, wait_for
+from tests.support.procs import alive
+
+pytestmark = pytest.mark.real
+
+READER = Path(__file__).parent.parent / "support" / "held_reader.py"
+KINDS = ("meminfo", "stat", "uptime", "loadavg")
+KILLS = 20
+
+
+def require_resend() -> None:
+    require_fuse()
+    if not held.kernel_resends():
+        # Then --hold serves as without a holder (test_fuse_holder.py::test_hold_*).
+        pytest.skip(f"Linux {os.uname().release} has no FUSE_NOTIFY_RESEND (6.9+)")
+
+
+def holders_of(mp: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"--fuse-holder" in argv and os.fsencode(mp) in argv:
+                out.append(int(pid))
+    return out
+
+
+class HeldMount:
+    def __init__(self, root: Path) -> None:
+        self.args: list[str] = []       # the layout's options, for every start
+        self.mp = str(root / "mnt")
+        self.pid_file = str(root / "daemon.pid")
+        self.lock_dir = str(root / "locks")
+        self.log = str(root / "daemon.log")
+        self.started: list[subprocess.Popen[bytes]] = []
+        os.makedirs(self.mp)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        with open(self.log, "ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "guestfs", "mount", self.mp, "--hold",
+                 "--pid-file", self.pid_file, "--lock-dir", self.lock_dir, *self.args],
+                stderr=err, start_new_session=True)
+        self.started.append(proc)
+        return proc
+
+    def serving_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(Path(self.pid_file).read_text())
+            return pid if alive(pid) else None
+        return None
+
+    def cleanup(self) -> None:
+        pid = self.serving_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            wait_for(lambda: not alive(pid), 10)
+        for proc in self.started:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        for pid in holders_of(self.mp):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        force_unmount(self.mp)
+
+
+@pytest.fixture
+def held_mount() -> Iterator[HeldMount]:
+    require_resend()
+    root = Path(tempfile.mkdtemp(prefix="guestfs-held-"))
+    m = HeldMount(root)
+    try:
+        yield m
+    finally:
+        m.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def start_readers(m: HeldMount, stop: str, out_dir: Path,
+                  under: str = "") -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen(["unshare", "-m", "--propagation", "private", sys.executable,
+                              str(READER), f"{m.mp}{under}/proc/{k}", k, stop,
+                              str(out_dir / f"{k}.json")])
+            for k in KINDS]
+
+
+def kill_in_turn(m: HeldMount, kills: int) -> None:
+    """``kills`` kill -9s of whichever daemon serves, every other one followed at once by
+    a new `guestfs mount --hold` (what a restarted DaemonSet container runs)."""
+    for i in range(kills):
+        victim = m.serving_pid()
+        assert victim is not None, Path(m.log).read_text()[-3000:]
+        os.kill(victim, signal.SIGKILL)
+        if i % 2 == 0:
+            m.start()
+        assert wait_for(lambda v=victim: m.serving_pid() not in (None, v), 15), \
+            f"kill {i}: no successor\n" + Path(m.log).read_text()[-3000:]
+        time.sleep(0.4)         # reads through the successor before the next kill
+
+
+def read_results(out_dir: Path) -> dict[str, dict]:  # type: ignore[type-arg]
+    results = {k: json.loads((out_dir / f"{k}.json").read_text()) for k in KINDS}
+    seen = {k: {x: v[x] for x in ("reads", "failed", "longest")} for k, v in results.items()}
+    print(f"\nheld mount: {seen}")
+    for kind, r in results.items():
+        assert r["failed"] == 0, (kind, r["errors"])
+        assert r["reads"] > 20, (kind, r)
+        assert r["before"] is not None and r["before"] == r["after"], (kind, r)
+        assert r["longest"] < 10.0, (kind, r)    # no read waited for a hung mount
+    return results
+
+
+def test_killed_daemons_are_succeeded_without_a_failed_read(held_mount: HeldMount,
+                                                           tmp_path: Path) -> None:
+    m = held_mount
+    m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None), \
+        Path(m.log).read_text()
+    stop = str(tmp_path / "stop")
+    readers = start_readers(m, stop, tmp_path)
+    try:
+        time.sleep(1.0)
+        kill_in_turn(m, KILLS)
+        time.sleep(0.5)
+    finally:
+        Path(stop).touch()
+        for r in readers:
+            r.wait(30)
+    read_results(tmp_path)
+    assert len(holders_of(m.mp)) == 1
+
+
+@pytest.mark.parametrize("layout", [["--per-container"], ["--view", "self"]],
+                         ids=["per-container", "fixed-view"])
+def test_page_cached_layouts_are_succeeded_too(held_mount: HeldMount, tmp_path: Path,
+                                               layout: list[str]) -> None:
+    """Their node ids include every running container's directory (per container), and
+    their files come from the kernel's page cache, revalidated by the successor."""
+    m = held_mount
+    m.args = layout
+    m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+    under = ""
+    if layout == ["--per-container"]:
+        key = key_of_cgroup_text(Path("/proc/self/cgroup").read_text())
+        assert key is not None
+        under = f"/{key}"
+    stop = str(tmp_path / "stop")
+    readers = start_readers(m, stop, tmp_path, under)
+    try:
+        time.sleep(1.0)
+        kill_in_turn(m, 4)
+    finally:
+        Path(stop).touch()
+        for r in readers:
+            r.wait(30)
+    read_results(tmp_path)
+
+
+def test_a_second_mount_is_refused_while_a_daemon_serves(held_mount: HeldMount) -> None:
+    m = held_mount
+    m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+    first = m.serving_pid()
+    second = m.start()
+    assert second.wait(20) == 1
+    assert "already served by another guestfs mount" in Path(m.log).read_text()
+    assert m.serving_pid() == first
+
+
+def test_a_clean_stop_unmounts_and_ends_the_holder(held_mount: HeldMount) -> None:
+    m = held_mount
+    proc = m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+    [holder] = holders_of(m.mp)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert wait_for(lambda: not alive(holder), 10)
+    assert not is_guestfs_mount(m.mp)
+    assert not os.path.exists(held.socket_path(m.mp, m.lock_dir))
+
+
+def test_an_unmount_by_hand_ends_the_daemon_and_the_holder(held_mount: HeldMount) -> None:
+    m = held_mount
+    proc = m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+    [holder] = holders_of(m.mp)
+    subprocess.run(["umount", "-l", m.mp], check=True)
+    assert proc.wait(20) == 0
+    assert wait_for(lambda: not alive(holder), 10)
+
+
+def test_a_crash_loop_ends_the_connection(held_mount: HeldMount) -> None:
+    """Successors that die before they serve (here: each fails on its pid file, now a
+    directory) are not restarted for ever: after five the holder ends the connection,
+    and a reader gets the old error at once instead of waiting for good."""
+    m = held_mount
+    m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+    [holder] = holders_of(m.mp)
+    first = m.serving_pid()
+    assert first is not None
+    os.unlink(m.pid_file)
+    os.mkdir(m.pid_file)
+    os.kill(first, signal.SIGKILL)
+    assert wait_for(lambda: not alive(holder), 60), Path(m.log).read_text()[-3000:]
+    log = Path(m.log).read_text()
+    assert "5 young deaths in a row; ending the connection" in log
+    assert log.count("started pid") == 5
+    cat = subprocess.run(["cat", f"{m.mp}/proc/meminfo"], capture_output=True, timeout=20)
+    assert cat.returncode != 0 and b"connect" in cat.stderr, cat
