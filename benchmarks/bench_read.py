@@ -297,7 +297,8 @@ def run(a: argparse.Namespace) -> dict:  # type: ignore[type-arg]
                      "idle_procs": a.idle_procs, "files": list(files),
                      "readers": list(readers), "skipped": {}, "free_rounds": a.free_rounds,
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    gargs = ["--fuse-binding", a.binding]
+    gargs = ["--fuse-binding", a.binding, *(["--hold"] if a.hold else [])]
+    results["hold"] = a.hold
     if a.cache_ttl is not None:
         gargs += ["--cache-ttl", a.cache_ttl]
     with contextlib.ExitStack() as stack:
@@ -371,6 +372,8 @@ def main() -> int:
     ap.add_argument("--free-rounds", type=int, default=5, metavar="N",
                     help="interleaved rounds the free -m runs are split into (default 5)")
     ap.add_argument("--binding", default="auto", help="guestfs --fuse-binding")
+    ap.add_argument("--hold", action="store_true",
+                    help="guestfs mount --hold (a holder keeps each connection)")
     ap.add_argument("--cache-ttl", metavar="S", help="guestfs --cache-ttl (default: its own)")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
     ap.add_argument("--plot", metavar="FILE.svg", help="also draw reads/s by readers here")
