@@ -16,7 +16,8 @@ package only to unmount. The seccomp guard runs it as ``python -I -S _boot.py
 KEEPER_FD``) for the same reason (guestfs.syscalls.guard), and starts the successor
 of a `guestfs run` that is gone as ``--seccomp-successor FD MOUNTPOINT CALLS``. A
 ``guestfs mount --hold`` starts the holder of its FUSE connection as ``--fuse-holder
-CTL FUSE LOCK MOUNTPOINT SOCKET -- ARGV...`` (guestfs.fuse.holder).
+CTL FUSE LOCK MOUNTPOINT SOCKET -- ARGV...`` (guestfs.fuse.holder); `guestfs fuse-holder`
+executes ``--fuse-holder-standalone LOCK_DIR [SECONDS]``.
 """
 
 import os
@@ -28,6 +29,7 @@ SECCOMP_KEEPER = "--seccomp-keeper"    # as guestfs.system.selfexec.SECCOMP_KEEP
 SECCOMP_SUCCESSOR = "--seccomp-successor"  # as guestfs.system.selfexec.SECCOMP_SUCCESSOR
 THEN_ANSWER = "--then-answer"          # as guestfs.system.selfexec.THEN_ANSWER
 FUSE_HOLDER = "--fuse-holder"          # as guestfs.system.selfexec.FUSE_HOLDER
+FUSE_HOLDER_STANDALONE = "--fuse-holder-standalone"   # as guestfs.system.selfexec's
 
 
 def _load_own_package() -> None:
@@ -92,13 +94,14 @@ def seccomp_successor(sock_fd: str, mountpoint: str, calls: str) -> int:
     return serve_handed_over(int(sock_fd), mountpoint, calls)
 
 
-def fuse_holder(args: list[str]) -> int:
-    """The holder of a FUSE connection (guestfs.fuse.holder): of the package, only
-    its own module and the message format are loaded."""
+def fuse_holder(args: list[str], standalone: bool = False) -> int:
+    """The holder of a FUSE connection (guestfs.fuse.holder), or of many handed over
+    (``standalone``: `guestfs fuse-holder`): of the package, only its own module and the
+    message format are loaded."""
     _load_own_package()
-    from guestfs.fuse.holder import holder_main
+    from guestfs.fuse.holder import holder_main, standalone_main
 
-    return holder_main(args)
+    return standalone_main(args) if standalone else holder_main(args)
 
 
 def _ignore_stop_signals() -> None:
@@ -129,6 +132,8 @@ if __name__ == "__main__":
         raise SystemExit(seccomp_guard("", sys.argv[2], stay=True))
     if sys.argv[1:2] == [FUSE_HOLDER]:
         raise SystemExit(fuse_holder(sys.argv[2:]))
+    if sys.argv[1:2] == [FUSE_HOLDER_STANDALONE]:
+        raise SystemExit(fuse_holder(sys.argv[2:], standalone=True))
     if sys.argv[1:2] == [UNMOUNT_WATCHER]:
         raise SystemExit(unmount_watcher(*sys.argv[2:4]))
     raise SystemExit(main(sys.argv[1:]))

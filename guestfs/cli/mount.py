@@ -41,6 +41,12 @@ def add_parser(sub: Any) -> None:
                         "crashed daemon is succeeded on the same connection and no reader "
                         "sees an error (Linux 6.9 and later; guestfs's own FUSE engine; "
                         "docs/mount.md, \"Takeover\")")
+    p.add_argument("--external-holder", action="store_true",
+                   help="with --hold: hand the connection to the `guestfs fuse-holder` "
+                        "listening in the lock directory (a pod of its own, so that a "
+                        "restart of this container never ends the mount), waiting up to "
+                        "60 s for it; a clean stop leaves it the connection for the next "
+                        "daemon")
     p.add_argument("--per-container", action="store_true",
                    help="serve one directory per container cgroup, MOUNTPOINT/<key>/proc/"
                         "meminfo and so on (key: the cgroup path percent-encoded, "
@@ -115,7 +121,9 @@ def command(args: argparse.Namespace) -> int:
                         args.pid_file, args.log_file,
                         exit_when_unused=args.exit_when_unused, ready_fd=args.ready_fd,
                         per_container=args.per_container,
-                        reread_explicit=explicit_rereader(args, env), hold=args.hold,
+                        reread_explicit=explicit_rereader(args, env),
+                        hold=args.hold or args.external_holder,
+                        external_holder=args.external_holder,
                         respawn=tuple(respawn_argv(getattr(args, "argv", []))))
     try:
         check_fuse_device()

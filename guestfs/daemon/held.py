@@ -34,6 +34,7 @@ log = logging.getLogger("guestfs.held")
 RESEND_KERNEL = (6, 9)       # FUSE_NOTIFY_RESEND, protocol 7.40
 RESEND_MINOR = 40
 ANSWER_TIMEOUT = 10.0        # a holder's "ready", or its answer to "serve" (a yield)
+EXTERNAL_WAIT = 60.0         # --external-holder: for the holder's pod to be up
 
 
 def kernel_release(release: str | None = None) -> tuple[int, int]:
@@ -60,9 +61,12 @@ class Lease:
     """This daemon's connection to the holder, and what came with it."""
 
     def __init__(self, sock: socket.socket, fuse_fd: int, negotiated: str | None = None,
-                 lock_fd: int | None = None) -> None:
+                 lock_fd: int | None = None, keeps: bool = False) -> None:
         self.sock, self.fuse_fd, self.lock_fd = sock, fuse_fd, lock_fd
         self.negotiated = negotiated      # JSON of session.Negotiated: a successor's
+        # The standalone holder: a clean stop leaves it the connection for the next
+        # daemon (a rolling update) rather than unmounting.
+        self.keeps = keeps
         self._stopped = threading.Lock()
 
     def send_negotiated(self, negotiated_json: str) -> None:
@@ -102,7 +106,7 @@ class Lease:
         if not self._stopped.acquire(blocking=False):
             return
         with contextlib.suppress(OSError):
-            holdwire.send(self.sock, b"stop")
+            holdwire.send(self.sock, b"leave" if self.keeps else b"stop")
         self.sock.close()
 
     def close(self) -> None:
@@ -179,15 +183,68 @@ def ask(mountpoint: str) -> Lease | None:
         raise MountError(one_line(f"{mountpoint} is already served by another guestfs "
                                   f"mount ({why}); one mount per mountpoint"))
     fuse_fd, lock_fd = msg[2]
-    return Lease(sock, fuse_fd, msg[1].decode(), lock_fd)
+    return Lease(sock, fuse_fd, msg[1].decode(), lock_fd, keeps=external_holder_listens())
+
+
+def handoff_path(lock_dir: str | None = None) -> str:
+    return os.path.join(lock_dir or mountlock.LOCK_DIR, holdwire.HANDOFF)
+
+
+def external_holder_listens() -> bool:
+    """A standalone holder (`guestfs fuse-holder`) listens in this lock directory."""
+    import stat
+    try:
+        return stat.S_ISSOCK(os.stat(handoff_path(), follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def hand_over(fuse_fd: int, lock_fd: int, mountpoint: str,
+              wait: float = EXTERNAL_WAIT) -> Lease:
+    """A mount just made, handed to the standalone holder (`mount --external-holder`,
+    the DaemonSet's: the holder lives in a pod of its own), waiting ``wait`` seconds for
+    it to listen."""
+    import time
+    path = handoff_path()
+    deadline = time.monotonic() + wait
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(path)
+            break
+        except OSError as e:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise MountError(f"no FUSE holder listens at {path} ({e.strerror}) after "
+                                 f"{wait:g}s: start `guestfs fuse-holder --lock-dir "
+                                 f"{os.path.dirname(path)}`, or mount without "
+                                 "--external-holder") from None
+            time.sleep(0.2)
+    name = os.path.basename(socket_path(mountpoint))
+    try:
+        sock.settimeout(ANSWER_TIMEOUT)
+        holdwire.send(sock, b"hold", f"{name}\n{mountpoint}".encode(), (fuse_fd, lock_fd))
+        msg = holdwire.recv(sock)
+        sock.settimeout(None)
+    except (OSError, holdwire.BadMessage) as e:
+        sock.close()
+        raise MountError(f"the FUSE holder at {path} did not answer ({e})") from None
+    if msg is None or msg[0] != b"ready":
+        sock.close()
+        why = msg[1].decode(errors="replace") if msg else "no answer"
+        raise MountError(one_line(f"the FUSE holder at {path} refused {mountpoint}: {why}"))
+    log.info("the FUSE holder at %s keeps the connection of %s", path, mountpoint)
+    return Lease(sock, fuse_fd, keeps=True)
 
 
 def mount_held(mountpoint: str, fsname: str, allow_other: bool, lock_fd: int,
-               respawn: list[str], reader_views: bool) -> Held:
-    """The first daemon's mount, its holder, then privileges dropped."""
+               respawn: list[str], reader_views: bool, external: bool = False) -> Held:
+    """The first daemon's mount, its holder (started here, or the standalone one it is
+    handed to), then privileges dropped."""
     m = privileges.mount_fuse(mountpoint, fsname, allow_other)
     try:
-        lease = start_holder(m.fd, lock_fd, mountpoint, respawn)
+        lease = hand_over(m.fd, lock_fd, mountpoint) if external else \
+            start_holder(m.fd, lock_fd, mountpoint, respawn)
     except MountError:
         privileges.detach(mountpoint)
         os.close(m.fd)

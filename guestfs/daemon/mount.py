@@ -68,6 +68,7 @@ class MountOptions:
     reread_explicit: Callable[[], ExplicitLimits] | None = None
     ready_fd: int | None = None       # --ready-fd: told once the mount serves
     hold: bool = False                # --hold: a holder keeps the connection (held.py)
+    external_holder: bool = False     # --external-holder: `guestfs fuse-holder`'s
     respawn: tuple[str, ...] = ()     # the command line the holder starts successors with
 
 
@@ -411,7 +412,7 @@ def _mount_and_drop(opts: MountOptions, mp: str, binding: Binding, lock_fd: int,
     if lease is not None:
         return held.take_over(lease, reader_views)
     return held.mount_held(mp, FSNAME, opts.allow_other, lock_fd, list(opts.respawn),
-                           reader_views)
+                           reader_views, opts.external_holder)
 
 
 def _release_users(held: list[int], mp: str) -> None:

@@ -35,13 +35,14 @@ import os
 import select
 import signal
 import socket
-import sys
 import time
+from collections.abc import Callable
 
 from guestfs.fuse import holdwire
 
 GRACE = 0.1       # a daemon asking this soon after a death wins over a successor of ours
 MAX_YOUNG = 5     # deaths in a row before serving (a crash loop): the connection ends
+ORPHAN_GRACE = 60.0   # the standalone holder waits this long for a daemon to ask
 ASK_TIMEOUT = 2.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
@@ -66,12 +67,16 @@ def detach(mountpoint: str) -> None:
 
 
 class Holder:
+    """One held connection. ``respawn``: the command line to start a successor with (a
+    holder of the daemon's own); None for the standalone holder, which only waits for
+    one to ask, ``ORPHAN_GRACE`` seconds at most."""
+
     def __init__(self, ctl: socket.socket, fuse_fd: int, lock_fd: int, mountpoint: str,
-                 listen_path: str, respawn: list[str]) -> None:
+                 listen_path: str, respawn: list[str] | None) -> None:
         self.fuse_fd, self.lock_fd, self.mountpoint = fuse_fd, lock_fd, mountpoint
         self.listen_path, self.respawn = listen_path, respawn
         self.lease: socket.socket | None = ctl
-        self.lease_pid = os.getppid()
+        self.lease_pid = holdwire.peer_ids(ctl)[0]
         self.lease_ours = False           # the lease holder is a successor we started
         self.lease_serving = False        # it said it serves (``negotiated``)
         self.negotiated: bytes | None = None
@@ -80,9 +85,7 @@ class Holder:
         self.lost_at: float | None = None
         self.young = 0
         self.listener = self._listen()
-        self._wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        holdwire.send(ctl, b"ready")
 
     def _listen(self) -> socket.socket:
         with contextlib.suppress(FileNotFoundError):
@@ -94,69 +97,57 @@ class Holder:
         self._listen_ino = os.stat(self.listen_path).st_ino
         return sock
 
-    # ------------------------------------------------------------ the loop
+    # ------------------------------------------------------------ what to wait for
 
-    def run(self) -> int:
-        assert self.lease is not None
-        holdwire.send(self.lease, b"ready")
-        while True:
-            self._reap()
-            if self.lease is None and self.child is None and self.pending is None:
-                due = (self.lost_at or 0.0) + GRACE - time.monotonic()
-                if due <= 0:
-                    self._spawn()
-                    continue
-                timeout = due
-            else:
-                timeout = 1.0
-            done = self._wait(timeout)
-            if done is not None:
-                return done
-
-    def _wait(self, timeout: float) -> int | None:
-        """One poll; an exit status once the holder is done."""
-        poller = select.poll()
-        if self.lease is None:
+    def poll_fds(self) -> list[tuple[int, int]]:
+        fds = [(self.listener.fileno(), select.POLLIN)]
+        if self.lease is not None:
+            # The lease's word first: an asker arriving with it must see what it said.
+            fds.insert(0, (self.lease.fileno(), select.POLLIN))
+        else:
             # POLLERR only: the connection ended. Never while a daemon serves: each
             # request queued would wake this process too (a read took twice as long on
             # 2 CPUs); then the daemon sees the end itself and says ``stop``.
-            poller.register(self.fuse_fd, 0)
-        poller.register(self.listener, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        if self.lease is not None:
-            poller.register(self.lease, select.POLLIN)
-        # The lease's word first: an asker arriving with it must see what it said.
-        ready = poller.poll(timeout * 1000)
-        ready.sort(key=lambda e: e[0] != (self.lease.fileno() if self.lease else -1))
-        for fd, events in ready:
-            if fd == self.fuse_fd and events & (select.POLLERR | select.POLLHUP |
-                                                 select.POLLNVAL):
-                return 0                            # unmounted: nothing to hold
-            if fd == self._wake_r:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 256)
-            elif fd == self.listener.fileno():
-                self._accept()
-            elif self.lease is not None and fd == self.lease.fileno():
-                done = self._from_lease()
-                if done is not None:
-                    return done
+            fds.append((self.fuse_fd, 0))
+        return fds
+
+    def due(self) -> float | None:
+        """Seconds until ``on_time`` has something to do, if anything is waited for."""
+        if self.lease is not None or self.child is not None or self.pending is not None:
+            return None
+        wait = GRACE if self.respawn is not None else ORPHAN_GRACE
+        return max(0.0, (self.lost_at or 0.0) + wait - time.monotonic())
+
+    def on_time(self) -> int | None:
+        if self.due() != 0.0:
+            return None
+        if self.respawn is None:
+            say(f"no daemon asked for {self.mountpoint} within {ORPHAN_GRACE:g}s; ending "
+                "its connection")
+            return 1
+        self._spawn()
         return None
 
-    def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == self.child:
-                # It exited without taking the lease (refused, or failed to start).
-                self.child = None
-                if self.lease is None:
-                    self._died(f"successor pid {pid} exited ({os.waitstatus_to_exitcode(status)}) "
-                               "before serving", young=True)
+    def on_event(self, fd: int, events: int) -> int | None:
+        """An exit status once this connection is done with."""
+        if fd == self.fuse_fd and events & (select.POLLERR | select.POLLHUP |
+                                             select.POLLNVAL):
+            return 0                            # unmounted: nothing to hold
+        if fd == self.listener.fileno():
+            self._accept()
+        elif self.lease is not None and fd == self.lease.fileno():
+            return self._from_lease()
+        return None
+
+    def reaped(self, pid: int, status: int) -> int | None:
+        if pid != self.child:
+            return None
+        # It exited without taking the lease (refused, or failed to start).
+        self.child = None
+        if self.lease is not None:
+            return None
+        return self._died(f"successor pid {pid} exited ({os.waitstatus_to_exitcode(status)})"
+                          " before serving", young=True)
 
     # ------------------------------------------------------------ the lease
 
@@ -180,6 +171,12 @@ class Holder:
         elif verb == b"stop":
             detach(self.mountpoint)
             return 0
+        elif verb == b"leave":
+            # A clean stop that keeps the connection for the next daemon (the DaemonSet's
+            # rolling update): waited for, as after a death, but not a young one.
+            self.lease.close()
+            self.lease = None
+            self.lost_at = time.monotonic()
         return None
 
     def _lease_lost(self) -> int | None:
@@ -201,7 +198,7 @@ class Holder:
         self.young = self.young + 1 if young else 0
         if self.young >= MAX_YOUNG:
             say(f"{what}: {self.young} young deaths in a row; ending the connection")
-            sys.exit(1)
+            return 1
         self.lost_at = time.monotonic()
         return None
 
@@ -264,6 +261,7 @@ class Holder:
             say(f"pid {pid} serves the connection" + (" (ours yielded)" if yielded else ""))
 
     def _spawn(self) -> None:
+        assert self.respawn is not None
         pid = os.fork()
         if pid == 0:
             try:
@@ -282,6 +280,82 @@ class Holder:
             if os.stat(self.listen_path).st_ino == self._listen_ino:
                 os.unlink(self.listen_path)
         self.listener.close()
+        for sock in (self.lease, self.pending):
+            if sock is not None:
+                sock.close()
+        for fd in (self.fuse_fd, self.lock_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class Loop:
+    """Wait for every held connection's sockets and timers, and for ``extra`` (the
+    standalone holder's hand-off socket); reap the successors started."""
+
+    def __init__(self) -> None:
+        self.holders: list[Holder] = []
+        self._wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def once(self, extra: dict[int, Callable[[], None]] | None = None) -> list[int]:
+        """One poll; the exit statuses of the holders done (they are dropped)."""
+        extra = extra or {}
+        poller = select.poll()
+        owner: dict[int, Holder] = {}
+        order: list[int] = []
+        for h in self.holders:
+            for fd, events in h.poll_fds():
+                poller.register(fd, events)
+                owner[fd] = h
+                order.append(fd)
+        for fd in (self._wake_r, *extra):
+            poller.register(fd, select.POLLIN)
+        dues = [d for h in self.holders if (d := h.due()) is not None]
+        ready = dict(poller.poll(min(dues, default=1.0) * 1000))
+        done: list[tuple[Holder, int]] = []
+        for fd in [*order, *(f for f in ready if f not in owner)]:
+            if fd not in ready:
+                continue
+            if fd in owner:
+                status = owner[fd].on_event(fd, ready[fd])
+                if status is not None:
+                    done.append((owner[fd], status))
+            elif fd == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 256)
+            else:
+                extra[fd]()
+        done += self._timers_and_children()
+        return self._drop(done)
+
+    def _timers_and_children(self) -> list[tuple[Holder, int]]:
+        done = []
+        for h in self.holders:
+            status = h.on_time()
+            if status is not None:
+                done.append((h, status))
+        while True:
+            try:
+                pid, wstatus = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            for h in self.holders:
+                status = h.reaped(pid, wstatus)
+                if status is not None:
+                    done.append((h, status))
+        return done
+
+    def _drop(self, done: list[tuple[Holder, int]]) -> list[int]:
+        out = []
+        for h, status in done:
+            if h in self.holders:
+                self.holders.remove(h)
+                h.close()
+                out.append(status)
+        return out
 
 
 def holder_main(argv: list[str]) -> int:
@@ -303,7 +377,101 @@ def holder_main(argv: list[str]) -> int:
     except OSError as e:
         say(f"cannot listen on {argv[4]}: {e.strerror}")
         return 1
+    loop = Loop()
+    loop.holders.append(holder)
+    while True:
+        statuses = loop.once()
+        if statuses:
+            return statuses[0]
+
+
+def _safe_dir(path: str) -> None:
+    """The lock directory: ours, writable by no one else, not a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return holder.run()
+        st = os.fstat(fd)
     finally:
-        holder.close()
+        os.close(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{path} must be ours and writable by no one else")
+
+
+def _socket_name(name: str) -> bool:
+    """<32 hex digits>.holder: a name in the lock directory, never a path."""
+    key, dot, rest = name.partition(".")
+    return (dot == "." and "." + rest == holdwire.SUFFIX and len(key) == 32
+            and all(c in "0123456789abcdef" for c in key))
+
+
+class Standalone:
+    """`guestfs fuse-holder`: holds the connections daemons in other pods hand it."""
+
+    def __init__(self, lock_dir: str) -> None:
+        _safe_dir(lock_dir)
+        self.lock_dir = lock_dir
+        self.path = os.path.join(lock_dir, holdwire.HANDOFF)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(self.path)
+        os.chmod(self.path, 0o600)
+        self.listener.listen(16)
+        self.loop = Loop()
+
+    def serve(self) -> int:
+        say(f"holding FUSE connections handed over at {self.path}")
+        while True:
+            self.loop.once({self.listener.fileno(): self._accept})
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        fds: list[int] = []
+        try:
+            _, uid = holdwire.peer_ids(conn)
+            if uid not in (0, os.getuid()):
+                raise PermissionError(f"uid {uid} may not hand over a mount")
+            conn.settimeout(ASK_TIMEOUT)
+            msg = holdwire.recv(conn)
+            conn.settimeout(None)
+            if msg is None:
+                raise holdwire.BadMessage("no hold")
+            verb, payload, fds = msg
+            name, _, mountpoint = payload.decode(errors="replace").partition("\n")
+            if verb != b"hold" or len(fds) != 2 or not _socket_name(name) or not mountpoint:
+                raise holdwire.BadMessage("not a hold of a mount")
+            listen_path = os.path.join(self.lock_dir, name)
+            if any(h.listen_path == listen_path for h in self.loop.holders):
+                raise holdwire.BadMessage(f"{mountpoint} is held already")
+            holder = Holder(conn, fds[0], fds[1], mountpoint, listen_path, None)
+        except (OSError, holdwire.BadMessage) as e:
+            say(f"refused a hand-over: {e}")
+            for fd in fds:
+                os.close(fd)
+            with contextlib.suppress(OSError, holdwire.BadMessage):
+                holdwire.send(conn, b"refused", str(e).encode()[:1000])
+            conn.close()
+            return
+        self.loop.holders.append(holder)
+        say(f"holding {mountpoint} for pid {holder.lease_pid}")
+
+
+def standalone_main(argv: list[str]) -> int:
+    """LOCK_DIR [ORPHAN_GRACE]: SIGTERM ends it (and every connection it holds)."""
+    global ORPHAN_GRACE
+    if len(argv) not in (1, 2):
+        say("usage: --fuse-holder-standalone LOCK_DIR [SECONDS]")
+        return 2
+    if len(argv) == 2:
+        ORPHAN_GRACE = float(argv[1])
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    try:
+        holder = Standalone(argv[0])
+    except OSError as e:
+        say(f"cannot listen in {argv[0]}: {e}")
+        return 1
+    return holder.serve()

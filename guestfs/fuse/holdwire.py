@@ -4,12 +4,16 @@ an opaque payload, at most ``MAX_MESSAGE`` bytes and ``MAX_FDS`` descriptors.
 
 Standard library only, and no json: the holder imports this and must stay small.
 
-Verbs, daemon to holder: ``ready`` (holder to daemon, once it listens), ``negotiated``
-(the INIT parameters, as ``session.Negotiated.to_json``), ``serve`` (a daemon asks for
-the connection; its payload is the asker's pid), ``stop`` (a clean stop: detach the
-mount and exit). Holder to daemon: ``granted`` (the /dev/fuse descriptor, payload: the
-negotiated parameters), ``refused`` (payload: why, one line), ``yield`` (a daemon the
-holder started itself is asked to make way for one that asked).
+Verbs, daemon to holder: ``negotiated`` (the INIT parameters, as
+``session.Negotiated.to_json``: sent once the daemon serves), ``serve`` (a daemon asks
+for the connection; its payload is the asker's pid), ``stop`` (a clean stop: detach the
+mount and exit). Holder to daemon: ``ready`` (once it listens), ``granted`` (the
+/dev/fuse descriptor and the mount lock; payload: the negotiated parameters), ``refused``
+(payload: why, one line), ``yield`` (a daemon the holder started itself is asked to make
+way for one that asked). To the standalone holder (`guestfs fuse-holder`, listening on
+``HANDOFF``): ``hold`` (a mount just made: the /dev/fuse descriptor and the mount lock;
+payload ``SOCKET-NAME\nMOUNTPOINT``), and later ``leave`` (a clean stop that keeps the
+connection for the next daemon).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import socket
 MAX_MESSAGE = 65536
 MAX_FDS = 2
 SUFFIX = ".holder"     # <lock dir>/<mount key>.holder: the holder's listening socket
+HANDOFF = "fuse-holder.sock"   # <lock dir>/fuse-holder.sock: the standalone holder's
 VERBS = frozenset({b"ready", b"negotiated", b"serve", b"stop", b"granted", b"refused",
-                   b"yield"})
+                   b"yield", b"hold", b"leave"})
 
 
 class BadMessage(ValueError):

@@ -18,6 +18,7 @@ SECCOMP_KEEPER = "--seccomp-keeper"
 SECCOMP_SUCCESSOR = "--seccomp-successor"
 THEN_ANSWER = "--then-answer"   # SECCOMP_GUARD FD --then-answer MOUNTPOINT CALLS
 FUSE_HOLDER = "--fuse-holder"   # CTL FUSE LOCK MOUNTPOINT SOCKET -- ARGV (fuse/holder.py)
+FUSE_HOLDER_STANDALONE = "--fuse-holder-standalone"   # LOCK_DIR [SECONDS]
 
 
 class SelfExecError(RuntimeError):

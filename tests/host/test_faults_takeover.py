@@ -236,3 +236,70 @@ def test_a_crash_loop_ends_the_connection(held_mount: HeldMount) -> None:
     assert log.count("started pid") == 5
     cat = subprocess.run(["cat", f"{m.mp}/proc/meminfo"], capture_output=True, timeout=20)
     assert cat.returncode != 0 and b"connect" in cat.stderr, cat
+
+
+@pytest.fixture
+def standalone(held_mount: HeldMount) -> Iterator[subprocess.Popen[bytes]]:
+    """`guestfs fuse-holder` in a session of its own (a pod of its own), and the held
+    mount's daemons told to hand their connection to it."""
+    os.makedirs(held_mount.lock_dir, mode=0o700)
+    with open(held_mount.log, "ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "guestfs", "fuse-holder", "--lock-dir",
+                                 held_mount.lock_dir, "--orphan-grace", "3"],
+                                stderr=err, start_new_session=True)
+    held_mount.args = ["--external-holder"]
+    try:
+        assert wait_for(lambda: os.path.exists(held.handoff_path(held_mount.lock_dir)))
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_daemonset_daemon_restarted_or_updated_takes_its_mount_over(
+        held_mount: HeldMount, standalone: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """The DaemonSet's way: the holder in a pod of its own, each daemon container killed
+    (-9, then restarted as kubelet restarts it) or stopped for a rolling update
+    (SIGTERM, then the new pod's daemon), while readers read all along."""
+    m = held_mount
+    m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None), \
+        Path(m.log).read_text()
+    assert holders_of(m.mp) == []           # no holder of the daemon's own
+    stop = str(tmp_path / "stop")
+    readers = start_readers(m, stop, tmp_path)
+    try:
+        time.sleep(1.0)
+        for i in range(6):
+            victim = m.serving_pid()
+            assert victim is not None, Path(m.log).read_text()[-3000:]
+            os.kill(victim, signal.SIGTERM if i % 2 else signal.SIGKILL)
+            assert wait_for(lambda v=victim: not alive(v), 15)
+            time.sleep(0.3)                 # kubelet's restart, a new pod's start
+            m.start()
+            assert wait_for(lambda v=victim: m.serving_pid() not in (None, v), 15), \
+                f"round {i}: no successor\n" + Path(m.log).read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        Path(stop).touch()
+        for r in readers:
+            r.wait(30)
+    read_results(tmp_path)
+    assert standalone.poll() is None
+
+
+def test_a_connection_nobody_takes_over_is_ended_after_the_grace(
+        held_mount: HeldMount, standalone: subprocess.Popen[bytes]) -> None:
+    m = held_mount
+    m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+    pid = m.serving_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    began = time.monotonic()
+    cat = subprocess.run(["cat", f"{m.mp}/proc/meminfo"], capture_output=True, timeout=30)
+    waited = time.monotonic() - began
+    assert cat.returncode != 0 and b"connect" in cat.stderr, cat
+    assert 2.0 < waited < 20.0, waited       # held for the grace (3 s), then ended
+    assert "within 3s; ending its connection" in Path(m.log).read_text()
+    assert standalone.poll() is None          # the holder lives on for other mounts

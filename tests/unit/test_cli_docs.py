@@ -19,6 +19,7 @@ PAGES = {
     "explain": ["docs/limits.md", "docs/explain-json.md"],
     "show": ["docs/files.md"],
     "mount": ["docs/mount.md"],
+    "fuse-holder": ["docs/mount.md"],
     "run": ["docs/run.md", "docs/syscalls.md"],
     "attach": ["docs/deploy.md"],
     "oci-hook": ["docs/deploy.md"],
