@@ -102,18 +102,15 @@ class Lease:
                 os._exit(0)
 
     def stop(self) -> None:
-        """A clean stop: the holder detaches the mount and exits. Only the first call."""
-        if not self._stopped.acquire(blocking=False):
+        """A clean stop. A holder of this daemon's own detaches the mount and exits; the
+        standalone one (``keeps``) is told nothing: the lease ends with this process,
+        after its last thread (a worker still reading once a successor had the kernel
+        resend would take a request away from it for good). Only the first call."""
+        if not self._stopped.acquire(blocking=False) or self.keeps:
             return
         with contextlib.suppress(OSError):
-            holdwire.send(self.sock, b"leave" if self.keeps else b"stop")
+            holdwire.send(self.sock, b"stop")
         self.sock.close()
-
-    def close(self) -> None:
-        """The lease ended without a clean stop (a failure): the holder takes it for a
-        death, and a successor serves on."""
-        if self._stopped.acquire(blocking=False):
-            self.sock.close()
 
 
 @dataclass
@@ -126,8 +123,8 @@ class Held:
         return f"/dev/fd/{self.lease.fuse_fd}"
 
     def finish(self) -> None:
-        # serve() says stop after a clean stop; anything else is this daemon's failure.
-        self.lease.close()
+        """Nothing: serve() says stop after a clean stop, and anything else is this
+        daemon's failure, seen by the holder when this process (its last thread) is gone."""
 
 
 def start_holder(fuse_fd: int, lock_fd: int, mountpoint: str,

@@ -349,17 +349,19 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
     other daemon starts before ours is gone). A successor on a held connection skips
     what the mount's first daemon did (the mount point, the mount)."""
     lock_fd, lease = _take_lock(opts, mp)
-    if lease is None:
+    if not opts.hold:
         stack.callback(mountlock.release_removing, lock_fd, mp, "mount")
     else:
-        # The holder's lock: its file stays while the holder holds it.
+        # The holder holds the lock too: its file stays (a later daemon must find the
+        # lock held, not a new file), and unmounting is the holder's.
         stack.callback(os.close, lock_fd)
     users_held: list[int] = []
     # Unmounted, the locks' files can go (kept if a run still holds the users lock).
     stack.callback(_release_users, users_held, mp)
     if lease is None:
         prepare_mountpoint(mp)
-    stack.callback(_detach_if_ours, mp)
+    if not opts.hold:
+        stack.callback(_detach_if_ours, mp)
     pid_file, log_file = open_output_files(opts)
     if pid_file is not None:
         stack.callback(remove_if_same, pid_file)

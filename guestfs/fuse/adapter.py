@@ -330,6 +330,10 @@ class FUSE:
         try:
             run_session(self.session, wake_r)
         finally:
+            # Before anything the answers read is closed: a worker answering from a host
+            # file whose descriptor number was closed and reused would serve another file.
+            if not self.session.quiesce():
+                log.warning("requests still being answered 5 s after the stop")
             os.close(wake_r)
             if made is not None:
                 mountfd.unmount(made)

@@ -171,12 +171,6 @@ class Holder:
         elif verb == b"stop":
             detach(self.mountpoint)
             return 0
-        elif verb == b"leave":
-            # A clean stop that keeps the connection for the next daemon (the DaemonSet's
-            # rolling update): waited for, as after a death, but not a young one.
-            self.lease.close()
-            self.lease = None
-            self.lost_at = time.monotonic()
         return None
 
     def _lease_lost(self) -> int | None:
@@ -326,12 +320,15 @@ class Loop:
                     os.read(self._wake_r, 256)
             else:
                 extra[fd]()
-        done += self._timers_and_children()
+        done += self._timers_and_children({h for h, _ in done})
         return self._drop(done)
 
-    def _timers_and_children(self) -> list[tuple[Holder, int]]:
+    def _timers_and_children(self, finished: set[Holder]) -> list[tuple[Holder, int]]:
+        """A holder done already is left alone (its timer would start a successor)."""
         done = []
         for h in self.holders:
+            if h in finished:
+                continue
             status = h.on_time()
             if status is not None:
                 done.append((h, status))
@@ -343,6 +340,8 @@ class Loop:
             if pid == 0:
                 break
             for h in self.holders:
+                if h in finished:
+                    continue
                 status = h.reaped(pid, wstatus)
                 if status is not None:
                     done.append((h, status))

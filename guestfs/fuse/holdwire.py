@@ -12,8 +12,8 @@ mount and exit). Holder to daemon: ``ready`` (once it listens), ``granted`` (the
 (payload: why, one line), ``yield`` (a daemon the holder started itself is asked to make
 way for one that asked). To the standalone holder (`guestfs fuse-holder`, listening on
 ``HANDOFF``): ``hold`` (a mount just made: the /dev/fuse descriptor and the mount lock;
-payload ``SOCKET-NAME\nMOUNTPOINT``), and later ``leave`` (a clean stop that keeps the
-connection for the next daemon).
+payload ``SOCKET-NAME\nMOUNTPOINT``). A daemon's stop is never said to it: its lease
+ends with its process, and the connection is kept for the next daemon.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ MAX_FDS = 2
 SUFFIX = ".holder"     # <lock dir>/<mount key>.holder: the holder's listening socket
 HANDOFF = "fuse-holder.sock"   # <lock dir>/fuse-holder.sock: the standalone holder's
 VERBS = frozenset({b"ready", b"negotiated", b"serve", b"stop", b"granted", b"refused",
-                   b"yield", b"hold", b"leave"})
+                   b"yield", b"hold"})
 
 
 class BadMessage(ValueError):

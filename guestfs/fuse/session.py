@@ -179,6 +179,10 @@ class Session:
             self.initialised.set()
         self.counts: Counter[str] = Counter()
         self.failure: str | None = None
+        # quiesce(): no request is answered any more, and those being answered are done.
+        self._stopping = False
+        self._active = 0
+        self._idle = threading.Condition()
         self._logged: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._handlers: dict[int, Callable[[Request, str], None]] = {
@@ -224,8 +228,31 @@ class Session:
             with contextlib.suppress(OSError):
                 os.write(self.wake_fd, b"\0")
 
+    def quiesce(self, timeout: float = 5.0) -> bool:
+        """Answer nothing from now on, and wait up to ``timeout`` for the requests being
+        answered: what serve() calls before it closes anything those answers read. A
+        request read afterwards is left unanswered: the kernel sends it again to a
+        successor (RESEND), or fails it when the connection ends. False on timeout."""
+        with self._idle:
+            self._stopping = True
+            return self._idle.wait_for(lambda: self._active == 0, timeout)
+
     def handle(self, frame: bytes) -> None:
-        """Answer one frame; never raises."""
+        """Answer one frame (unless quiesced); never raises."""
+        with self._idle:
+            if self._stopping:
+                self.counts["left unanswered"] += 1
+                return
+            self._active += 1
+        try:
+            self._handle(frame)
+        finally:
+            with self._idle:
+                self._active -= 1
+                if self._active == 0:
+                    self._idle.notify_all()
+
+    def _handle(self, frame: bytes) -> None:
         max_read = self.negotiated.max_read if self.negotiated else 1 << 20
         req = decode(frame, max_read)
         if isinstance(req, Malformed):

@@ -21,6 +21,7 @@ from tests.support.fuseframes import (
     TinyFs,
     frame,
     init_frame,
+    replies,
 )
 
 
@@ -393,3 +394,35 @@ def test_notifications_are_the_kernels_frames(tiny):
     resend = abi.OUT_HEADER.pack(16, abi.NOTIFY_RESEND, 0)
     assert raw == inode + entry + resend
     assert (abi.NOTIFY_INVAL_INODE, abi.NOTIFY_INVAL_ENTRY, abi.NOTIFY_RESEND) == (2, 3, 7)
+
+
+def test_a_quiesced_session_answers_nothing_and_waits_for_the_answers_under_way():
+    """What a stopping daemon relies on before it closes the host files answers read:
+    a request being answered finishes, one read later is left to the kernel (resent to
+    a successor, or failed when the connection ends)."""
+    import threading
+
+    fs = TinyFs()
+    s = PipeSession(fs)
+    nodeid, _ = lookup(s, "a")
+    entered, release = threading.Event(), threading.Event()
+    slow = fs.getattr
+
+    def getattr_slowly(path, fh):  # type: ignore[no-untyped-def]
+        entered.set()
+        release.wait(5)
+        return slow(path, fh)
+
+    fs.getattr = getattr_slowly  # type: ignore[method-assign]
+    t = threading.Thread(target=s.session.handle,
+                         args=(frame(abi.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), nodeid=nodeid),))
+    t.start()
+    assert entered.wait(5)
+    assert s.session.quiesce(timeout=0.1) is False      # one is still being answered
+    release.set()
+    t.join(5)
+    assert s.session.quiesce(timeout=1) is True
+    assert len(list(replies(s.r))) == 1                  # that one was answered
+    assert s.ask(frame(abi.GETATTR, abi.GETATTR_IN.pack(0, 0, 0), nodeid=nodeid)) == []
+    assert s.session.counts["left unanswered"] == 1
+    s.close()
