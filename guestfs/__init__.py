@@ -6,4 +6,4 @@ __version__ = "0.1.0"
 # command line (and the daemon, which parses one) need not import it.
 DEFAULT_MOUNTPOINT = "/run/guestfs"
 # The DaemonSet's per-container mount: where the OCI hook finds each container's files.
-DEFAULT_HOOK_SOURCE = "/var/lib/guestfs-containers"
+DEFAULT_HOOK_SOURCE = "/var/lib/guestfs/by-container"

@@ -128,10 +128,10 @@ def test_sidecar_deployment():
 
 
 def test_daemonset_needs_a_workload_name():
-    with pytest.raises(ValueError, match="2 workloads"):
+    with pytest.raises(ValueError, match="3 workloads"):
         translate(K8S / "daemonset", images=IMAGES, node=NODE)
     names = [p.workload for p in translate_all(K8S / "daemonset", images=IMAGES, node=NODE)]
-    assert names == ["guestfs", "guestfs-seccomp-guard"]
+    assert names == ["guestfs", "guestfs-seccomp-guard", "guestfs-fuse-holder"]
 
 
 def test_daemonset_guestfs():
@@ -153,10 +153,10 @@ def test_daemonset_guestfs():
     m = mount_at(gfs.config, "/var/lib/guestfs")
     assert (m.host_path, m.propagation) == ("/var/lib/guestfs", pb().PROPAGATION_BIDIRECTIONAL)
     assert mount_at(gfs.config, "/sys/fs/cgroup").readonly
-    m = mount_at(agent.config, "/var/lib/guestfs-containers")
+    m = mount_at(agent.config, "/var/lib/guestfs")
     assert m.propagation == pb().PROPAGATION_HOST_TO_CONTAINER and m.readonly
     assert gfs.config.linux.security_context.privileged
-    assert gfs.probes["liveness"].command == ("cat", "/var/lib/guestfs/proc/meminfo")
+    assert gfs.probes["liveness"].command == ("cat", "/var/lib/guestfs/by-caller/proc/meminfo")
     res = gfs.config.linux.resources
     assert res.cpu_shares == 51 and res.cpu_quota == 0     # 50m * 1024 / 1000, no limit
     assert res.memory_limit_in_bytes == 128 * MiB
@@ -189,7 +189,7 @@ def test_pod_snippet_localhost_seccomp_and_proc_binds():
         assert sc.seccomp.profile_type == pb().SecurityProfile.Localhost
         assert sc.seccomp.localhost_ref == want
     m = mount_at(plan.containers[0].config, "/proc/meminfo")
-    assert (m.host_path, m.readonly) == ("/var/lib/guestfs/proc/meminfo", True)
+    assert (m.host_path, m.readonly) == ("/var/lib/guestfs/by-caller/proc/meminfo", True)
     assert {v.host_type for v in plan.volumes} == {"File"}
 
 

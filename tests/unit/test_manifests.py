@@ -4,6 +4,7 @@ downward-API env names they set are the ones guestfs reads."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import kubernetes_validate
@@ -89,8 +90,9 @@ def test_dev_fuse_comes_from_the_device_plugin_never_from_a_hostpath():
                                                  .get("spec", {}).get("volumes", [])), path
 
 
-def pod_spec(pattern: str, name: str) -> dict:
-    doc = documents(K8S / pattern / name)[0]
+def pod_spec(pattern: str, name: str, workload: str | None = None) -> dict:
+    docs = documents(K8S / pattern / name)
+    doc = next(d for d in docs if d["metadata"]["name"] == workload) if workload else docs[0]
     return doc["spec"]["template"]["spec"]
 
 
@@ -141,16 +143,24 @@ def test_daemonset_shares_the_nodes_mount_lock_directory():
     volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
     # Two daemons: the per-caller mount and the per-container one (the OCI hook's source).
     daemons = [c for c in spec["containers"] if c["args"][0] == "mount"]
-    assert [c["args"][1] for c in daemons] == ["/var/lib/guestfs",
-                                               "/var/lib/guestfs-containers"]
+    assert [c["args"][1] for c in daemons] == ["/var/lib/guestfs/by-caller",
+                                               "/var/lib/guestfs/by-container"]
     assert "--per-container" in daemons[1]["args"]
     for daemon in daemons:
         mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
         assert any(path == LOCK_DIR and volumes.get(name) == LOCK_DIR
                    for name, path in mounts.items())
-        # Each serves its mountpoint to the node: a hostPath of the same path.
-        assert volumes.get(next(n for n, p in mounts.items() if p == daemon["args"][1])) \
-            == daemon["args"][1]
+        # Each serves its mountpoint to the node from below a hostPath of its parent (a
+        # plain directory: a restarted container's volume is never a mount's own root).
+        parent = os.path.dirname(daemon["args"][1])
+        assert volumes.get(next(n for n, p in mounts.items() if p == parent)) == parent
+        # Held by the holder's DaemonSet, which shares the lock directory.
+        assert {"--hold", "--external-holder"} <= set(daemon["args"])
+    holder = pod_spec("daemonset", "daemonset.yaml", "guestfs-fuse-holder")
+    (c,) = holder["containers"]
+    assert c["args"] == ["fuse-holder", "--lock-dir", LOCK_DIR]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {v["hostPath"]["path"] for v in holder["volumes"]} == {LOCK_DIR}
 
 
 def host_paths(spec: dict, container: dict) -> dict[str, dict]:
@@ -174,14 +184,14 @@ def test_daemonset_runs_the_seccomp_agent_on_the_per_container_mount():
     (agent,) = [c for c in spec["containers"] if c["args"][0] == "seccomp-agent"]
     args = build_parser().parse_args(agent["args"])
     assert (args.socket, args.source, args.external_guard) == \
-        ("/run/guestfs-seccomp/agent.sock", "/var/lib/guestfs-containers", True)
+        ("/run/guestfs-seccomp/agent.sock", "/var/lib/guestfs/by-container", True)
     assert docs_profile(args.socket)["listenerPath"] == \
         json.loads(profile_configmap()["data"]["guestfs-notify.json"])["listenerPath"]
     mounts = host_paths(spec, agent)
     assert mounts["/run/guestfs-seccomp"]["node"] == "/run/guestfs-seccomp"
-    src = mounts[args.source]
+    src = mounts[os.path.dirname(args.source)]   # the mount's parent: see the daemons'
     assert (src["node"], src["mountPropagation"], src["readOnly"]) == \
-        (args.source, "HostToContainer", True)
+        (os.path.dirname(args.source), "HostToContainer", True)
 
 
 def profile_configmap() -> dict:

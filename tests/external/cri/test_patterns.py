@@ -15,12 +15,15 @@ answers there, which the sidecar test states.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from tests.support.cri import probe
@@ -175,30 +178,41 @@ def test_sidecar_pattern(cri_node, app):
 
 
 def node_ready(cri_node, pod) -> bool:
-    return (cri_node.fs.kind("/run/guestfs-seccomp/agent.sock") == "socket"
-            and pod.probe("guestfs", "liveness") and pod.probe("guestfs-containers", "liveness"))
+    try:
+        return (cri_node.fs.kind("/run/guestfs-seccomp/agent.sock") == "socket"
+                and pod.probe("guestfs", "liveness")
+                and pod.probe("guestfs-containers", "liveness"))
+    except grpc.RpcError:
+        return False      # a probe past its timeout: a mount not served yet
+
+
+@contextlib.contextmanager
+def daemonset_deployed(cri_node) -> Iterator[Any]:
+    """The node's guestfs from container/k8s/daemonset: the FUSE holder's and the seccomp
+    guard's DaemonSet pods, then guestfs's (two mounts and the seccomp agent). Removed in
+    the reverse order: the holder last, ending the connections it kept."""
+    images = {"registry.example/guestfs:0.1": "guestfs"}
+    pods = []
+    try:
+        for workload in ("guestfs-fuse-holder", "guestfs-seccomp-guard", "guestfs"):
+            pods.append(cri_node.run(translate(K8S / "daemonset", images=images,
+                                               workload=workload)))
+        node = pods[-1]
+        deadline = time.monotonic() + 30
+        while not node_ready(cri_node, node):
+            assert time.monotonic() < deadline, (node.logs("guestfs")[-2000:],
+                                                 pods[0].logs("fuse-holder")[-2000:])
+            time.sleep(0.2)
+        yield node
+    finally:
+        for pod in reversed(pods):
+            finish(pod)
 
 
 @pytest.fixture(scope="module")
 def guestfs_daemonset(cri_node_session):
-    """The node's guestfs: the seccomp guard's DaemonSet pod, then guestfs's (two mounts
-    and the seccomp agent), both from container/k8s/daemonset."""
-    images = {"registry.example/guestfs:0.1": "guestfs"}
-    guard = cri_node_session.run(translate(K8S / "daemonset", images=images,
-                                           workload="guestfs-seccomp-guard"))
-    node = None
-    try:
-        node = cri_node_session.run(translate(K8S / "daemonset", images=images,
-                                              workload="guestfs"))
-        deadline = time.monotonic() + 30
-        while not node_ready(cri_node_session, node):
-            assert time.monotonic() < deadline, node.logs("guestfs")[-2000:]
-            time.sleep(0.2)
+    with daemonset_deployed(cri_node_session) as node:
         yield node
-    finally:
-        if node is not None:
-            finish(node)
-        finish(guard)
 
 
 @pytest.mark.parametrize("app", ["busybox", "debian"])

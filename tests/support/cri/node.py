@@ -3,7 +3,7 @@
 containerd runs in a mount namespace of its own (unshare -m --propagation private) in which
 scratch directories are bound over the node's /var/lib, /run and /var/log and made shared
 mounts, as / is rshared on a real node: every hostPath the manifests name under /var/lib or
-/run (/var/lib/guestfs, /var/lib/guestfs-containers, /run/guestfs-locks,
+/run (/var/lib/guestfs, /var/lib/guestfs/by-container, /run/guestfs-locks,
 /run/guestfs-seccomp, /var/lib/kubelet/seccomp, ...) is a real path inside the node, a
 container's Bidirectional mount propagates back to the node and into other pods' hostPath
 binds, and the host machine's directories are never touched. /dev (/dev/fuse), /sys

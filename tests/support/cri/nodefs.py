@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 class NodeFS:
-    """Files of the node, by their node path (e.g. /var/lib/guestfs/proc/meminfo)."""
+    """Files of the node, by their node path (e.g. /var/lib/guestfs/by-caller/proc/meminfo)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
