@@ -62,6 +62,7 @@ PID_REUSE = START_DAEMON + """
         # reads meminfo through the mount. A daemon thread or the daemon's short-lived
         # probe child may hold TARGET for a moment: retry, over seconds rather than a burst
         # of forks that all land while it lives.
+        codes = []
         for _ in range(100):
             with open("/proc/sys/kernel/ns_last_pid", "w") as f:
                 f.write(str(TARGET - 1))
@@ -69,16 +70,24 @@ PID_REUSE = START_DAEMON + """
             if pid == 0:
                 if os.getpid() != TARGET:
                     os._exit(3)
-                for procs in procs_files:
-                    with open(procs, "w") as f:
-                        f.write(str(os.getpid()))
-                with open(mp + "/proc/meminfo") as f:
-                    os.write(1, f"{os.getpid()} {f.readline()}".encode())
+                try:
+                    for procs in procs_files:
+                        with open(procs, "w") as f:
+                            f.write(str(os.getpid()))
+                    with open(mp + "/proc/meminfo") as f:
+                        os.write(1, f"{os.getpid()} {f.readline()}".encode())
+                except OSError as e:
+                    os.write(2, f"pid {TARGET}: {e}\\n".encode())
+                    os._exit(4)
                 os._exit(0)
-            if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0:
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            if code == 0:
                 return
+            codes.append(code)
             time.sleep(0.05)
-        sys.exit("pid %d could not be had" % TARGET)
+        # 3: another process took the pid first; 4: the reader failed (its error above).
+        sys.exit("pid %d could not be had (children's exit codes: %s)"
+                 % (TARGET, sorted(set(codes))))
 
     reader_with_target_pid(os.environ["CG_A"].split())
     time.sleep(0.05)  # start times count clock ticks: let one pass
