@@ -154,6 +154,21 @@ def start_holder(fuse_fd: int, lock_fd: int, mountpoint: str,
     return Lease(ours, fuse_fd)
 
 
+def _exchange(sock: socket.socket, what: str, verb: bytes, payload: bytes,
+              fds: tuple[int, ...] = ()) -> tuple[bytes, bytes, list[int]] | None:
+    """One message to a holder and its answer, within ANSWER_TIMEOUT; the socket closed
+    and a one-line MountError if it does not answer."""
+    try:
+        sock.settimeout(ANSWER_TIMEOUT)
+        holdwire.send(sock, verb, payload, fds)
+        msg = holdwire.recv(sock)
+        sock.settimeout(None)
+    except (OSError, holdwire.BadMessage) as e:
+        sock.close()
+        raise MountError(f"{what} did not answer ({e})") from None
+    return msg
+
+
 def ask(mountpoint: str) -> Lease | None:
     """The connection of ``mountpoint`` from its holder, for a successor; None where no
     holder listens. Refused (another daemon serves): MountError, one line."""
@@ -164,14 +179,8 @@ def ask(mountpoint: str) -> Lease | None:
     except OSError:
         sock.close()
         return None
-    try:
-        sock.settimeout(ANSWER_TIMEOUT)
-        holdwire.send(sock, b"serve", str(os.getpid()).encode())
-        msg = holdwire.recv(sock)
-        sock.settimeout(None)
-    except (OSError, holdwire.BadMessage) as e:
-        sock.close()
-        raise MountError(f"{mountpoint}: its FUSE holder did not answer ({e})") from None
+    msg = _exchange(sock, f"{mountpoint}: its FUSE holder", b"serve",
+                    str(os.getpid()).encode())
     if msg is None or msg[0] != b"granted" or len(msg[2]) != 2:
         for fd in (msg[2] if msg else []):
             os.close(fd)
@@ -218,14 +227,8 @@ def hand_over(fuse_fd: int, lock_fd: int, mountpoint: str,
                                  "--external-holder") from None
             time.sleep(0.2)
     name = os.path.basename(socket_path(mountpoint))
-    try:
-        sock.settimeout(ANSWER_TIMEOUT)
-        holdwire.send(sock, b"hold", f"{name}\n{mountpoint}".encode(), (fuse_fd, lock_fd))
-        msg = holdwire.recv(sock)
-        sock.settimeout(None)
-    except (OSError, holdwire.BadMessage) as e:
-        sock.close()
-        raise MountError(f"the FUSE holder at {path} did not answer ({e})") from None
+    msg = _exchange(sock, f"the FUSE holder at {path}", b"hold",
+                    f"{name}\n{mountpoint}".encode(), (fuse_fd, lock_fd))
     if msg is None or msg[0] != b"ready":
         sock.close()
         why = msg[1].decode(errors="replace") if msg else "no answer"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import errno
 import logging
 import os
@@ -30,7 +29,7 @@ import signal
 import threading
 from dataclasses import dataclass
 
-from guestfs.system import libc, sysmount
+from guestfs.system import sysmount
 from guestfs.system.caps import (
     CAP_SETPCAP,
     CAP_SYS_PTRACE,
@@ -54,7 +53,6 @@ KEPT_CAPS = frozenset({CAP_SYS_PTRACE})
 # uid 0; NO_SETUID_FIXUP and KEEP_CAPS locked so nothing can change that later.
 SECUREBITS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 5)
 MS_NOSUID, MS_NODEV = 2, 4
-UMOUNT_NOFOLLOW = 8
 
 
 
@@ -115,13 +113,8 @@ def mount_fuse(mp: str, fsname: str, allow_other: bool) -> FuseMount:
 
 
 def detach(mountpoint: str) -> None:
-    """What libfuse does on a clean stop, lazily. NOFOLLOW: as root, never through a
-    symlink swapped in for the mount point. gVisor refuses the flag (EINVAL, as for a
-    path that is no longer a mount point): then without it, inside its sandbox."""
-    path = os.fsencode(mountpoint)
-    if libc.umount2(path, sysmount.MNT_DETACH | UMOUNT_NOFOLLOW) != 0 \
-            and ctypes.get_errno() == errno.EINVAL:
-        libc.umount2(path, sysmount.MNT_DETACH)
+    """What libfuse does on a clean stop (sysmount.detach_quietly)."""
+    sysmount.detach_quietly(mountpoint)
 
 
 def start_unmount_watcher(m: FuseMount) -> tuple[int, int]:

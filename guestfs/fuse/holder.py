@@ -30,7 +30,6 @@ POLLERR).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import select
 import signal
@@ -45,7 +44,6 @@ MAX_YOUNG = 5     # deaths in a row before serving (a crash loop): the connectio
 ORPHAN_GRACE = 60.0   # the standalone holder waits this long for a daemon to ask
 ASK_TIMEOUT = 2.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
 
 
 def say(msg: str) -> None:
@@ -54,16 +52,47 @@ def say(msg: str) -> None:
 
 
 def detach(mountpoint: str) -> None:
-    """Lazily, never through a symlink (as privileges.detach; loaded only now: ctypes
-    would double this process's memory for the whole of its life)."""
-    import ctypes
-    import ctypes.util
+    """sysmount.detach_quietly, loaded only now: ctypes would double this process's
+    memory for the whole of its life."""
+    from guestfs.system.sysmount import detach_quietly
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    path = os.fsencode(mountpoint)
-    if libc.umount2(path, MNT_DETACH | UMOUNT_NOFOLLOW) != 0 \
-            and ctypes.get_errno() == errno.EINVAL:
-        libc.umount2(path, MNT_DETACH)
+    detach_quietly(mountpoint)
+
+
+def listen_at(path: str, backlog: int) -> socket.socket:
+    """A SEQPACKET socket listening at ``path`` (mode 0600), in place of a dead holder's
+    (a live one holds the lock or the hand-over socket, so none is there)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(backlog)
+    return sock
+
+
+def first_message(listener: socket.socket) -> tuple[socket.socket, int, bytes, bytes,
+                                                      list[int]] | None:
+    """A connection accepted, its peer (uid 0 or ours only) and its first message:
+    (conn, pid, verb, payload, descriptors). None, logged, for anything else."""
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return None
+    try:
+        pid, uid = holdwire.peer_ids(conn)
+        if uid not in (0, os.getuid()):
+            raise PermissionError(f"uid {uid} may not talk to this holder")
+        conn.settimeout(ASK_TIMEOUT)
+        msg = holdwire.recv(conn)
+        conn.settimeout(None)
+        if msg is None:
+            raise holdwire.BadMessage("no message")
+    except (OSError, holdwire.BadMessage) as e:
+        say(f"refused a connection: {e}")
+        conn.close()
+        return None
+    return conn, pid, *msg
 
 
 class Holder:
@@ -84,18 +113,9 @@ class Holder:
         self.child: int | None = None     # our successor, started and not yet leased
         self.lost_at: float | None = None
         self.young = 0
-        self.listener = self._listen()
+        self.listener = listen_at(listen_path, 4)
+        self._listen_ino = os.stat(listen_path).st_ino
         holdwire.send(ctl, b"ready")
-
-    def _listen(self) -> socket.socket:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.listen_path)    # a dead holder's (the lock says none lives)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.bind(self.listen_path)
-        os.chmod(self.listen_path, 0o600)
-        sock.listen(4)
-        self._listen_ino = os.stat(self.listen_path).st_ino
-        return sock
 
     # ------------------------------------------------------------ what to wait for
 
@@ -197,23 +217,14 @@ class Holder:
         return None
 
     def _accept(self) -> None:
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
+        got = first_message(self.listener)
+        if got is None:
             return
-        try:
-            pid, uid = holdwire.peer_ids(conn)
-            if uid not in (0, os.getuid()):
-                raise PermissionError(f"uid {uid} may not serve this mount")
-            conn.settimeout(ASK_TIMEOUT)
-            msg = holdwire.recv(conn)
-            conn.settimeout(None)
-            if msg is None or msg[0] != b"serve":
-                raise holdwire.BadMessage("no serve")
-            for fd in msg[2]:
-                os.close(fd)
-        except (OSError, holdwire.BadMessage) as e:
-            say(f"refused a connection: {e}")
+        conn, pid, verb, _, fds = got
+        for fd in fds:
+            os.close(fd)
+        if verb != b"serve":
+            say(f"refused a connection: {verb!r} is not serve")
             conn.close()
             return
         self._ask(conn, pid)
@@ -409,12 +420,7 @@ class Standalone:
         _safe_dir(lock_dir)
         self.lock_dir = lock_dir
         self.path = os.path.join(lock_dir, holdwire.HANDOFF)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.listener.bind(self.path)
-        os.chmod(self.path, 0o600)
-        self.listener.listen(16)
+        self.listener = listen_at(self.path, 16)
         self.loop = Loop()
 
     def serve(self) -> int:
@@ -423,21 +429,11 @@ class Standalone:
             self.loop.once({self.listener.fileno(): self._accept})
 
     def _accept(self) -> None:
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
+        got = first_message(self.listener)
+        if got is None:
             return
-        fds: list[int] = []
+        conn, _, verb, payload, fds = got
         try:
-            _, uid = holdwire.peer_ids(conn)
-            if uid not in (0, os.getuid()):
-                raise PermissionError(f"uid {uid} may not hand over a mount")
-            conn.settimeout(ASK_TIMEOUT)
-            msg = holdwire.recv(conn)
-            conn.settimeout(None)
-            if msg is None:
-                raise holdwire.BadMessage("no hold")
-            verb, payload, fds = msg
             name, _, mountpoint = payload.decode(errors="replace").partition("\n")
             if verb != b"hold" or len(fds) != 2 or not _socket_name(name) or not mountpoint:
                 raise holdwire.BadMessage("not a hold of a mount")

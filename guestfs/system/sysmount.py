@@ -167,6 +167,17 @@ def umount_nofollow(path: str) -> None:
     _check(libc.umount2(_b(path), MNT_DETACH | UMOUNT_NOFOLLOW), f"umount {path}")
 
 
+def detach_quietly(path: str) -> None:
+    """What libfuse does on a clean stop, lazily, failures left alone (a path that is no
+    longer a mount point is detached already). NOFOLLOW: as root, never through a symlink
+    swapped in for the mount point. gVisor refuses the flag (EINVAL, as for a path that
+    is not a mount point): then without it, inside its sandbox."""
+    raw = _b(path)
+    if libc.umount2(raw, MNT_DETACH | UMOUNT_NOFOLLOW) != 0 \
+            and ctypes.get_errno() == errno.EINVAL:
+        libc.umount2(raw, MNT_DETACH)
+
+
 def fs_type(fd: int) -> int:
     """The filesystem magic of the file behind ``fd`` (statfs's f_type). A FUSE mount
     whose daemon died raises ENOTCONN: statfs always asks the daemon, unlike stat, which

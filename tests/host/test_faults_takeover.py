@@ -103,12 +103,22 @@ def held_mount() -> Iterator[HeldMount]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def start_readers(m: HeldMount, stop: str, out_dir: Path,
-                  under: str = "") -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen(["unshare", "-m", "--propagation", "private", sys.executable,
-                              str(READER), f"{m.mp}{under}/proc/{k}", k, stop,
-                              str(out_dir / f"{k}.json")])
-            for k in KINDS]
+@contextlib.contextmanager
+def reading(m: HeldMount, out_dir: Path, under: str = "") -> Iterator[None]:
+    """A reader of each of KINDS, bound in a mount namespace of its own, for the block;
+    then each is told to stop and waited for (its results in ``out_dir``)."""
+    stop = out_dir / "stop"
+    readers = [subprocess.Popen(["unshare", "-m", "--propagation", "private",
+                                 sys.executable, str(READER), f"{m.mp}{under}/proc/{k}", k,
+                                 str(stop), str(out_dir / f"{k}.json")])
+               for k in KINDS]
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        stop.touch()
+        for r in readers:
+            r.wait(30)
 
 
 def kill_in_turn(m: HeldMount, kills: int) -> None:
@@ -143,16 +153,9 @@ def test_killed_daemons_are_succeeded_without_a_failed_read(held_mount: HeldMoun
     m.start()
     assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None), \
         Path(m.log).read_text()
-    stop = str(tmp_path / "stop")
-    readers = start_readers(m, stop, tmp_path)
-    try:
-        time.sleep(1.0)
+    with reading(m, tmp_path):
         kill_in_turn(m, KILLS)
         time.sleep(0.5)
-    finally:
-        Path(stop).touch()
-        for r in readers:
-            r.wait(30)
     read_results(tmp_path)
     assert len(holders_of(m.mp)) == 1
 
@@ -172,15 +175,8 @@ def test_page_cached_layouts_are_succeeded_too(held_mount: HeldMount, tmp_path: 
         key = key_of_cgroup_text(Path("/proc/self/cgroup").read_text())
         assert key is not None
         under = f"/{key}"
-    stop = str(tmp_path / "stop")
-    readers = start_readers(m, stop, tmp_path, under)
-    try:
-        time.sleep(1.0)
+    with reading(m, tmp_path, under):
         kill_in_turn(m, 4)
-    finally:
-        Path(stop).touch()
-        for r in readers:
-            r.wait(30)
     read_results(tmp_path)
 
 
@@ -266,10 +262,7 @@ def test_a_daemonset_daemon_restarted_or_updated_takes_its_mount_over(
     assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None), \
         Path(m.log).read_text()
     assert holders_of(m.mp) == []           # no holder of the daemon's own
-    stop = str(tmp_path / "stop")
-    readers = start_readers(m, stop, tmp_path)
-    try:
-        time.sleep(1.0)
+    with reading(m, tmp_path):
         for i in range(6):
             victim = m.serving_pid()
             assert victim is not None, Path(m.log).read_text()[-3000:]
@@ -280,10 +273,6 @@ def test_a_daemonset_daemon_restarted_or_updated_takes_its_mount_over(
             assert wait_for(lambda v=victim: m.serving_pid() not in (None, v), 15), \
                 f"round {i}: no successor\n" + Path(m.log).read_text()[-3000:]
             time.sleep(0.5)
-    finally:
-        Path(stop).touch()
-        for r in readers:
-            r.wait(30)
     read_results(tmp_path)
     assert standalone.poll() is None
 

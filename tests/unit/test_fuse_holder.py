@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from guestfs.cli.mount import respawn_argv
 from guestfs.daemon import held
 from guestfs.fuse import holdwire
 from guestfs.system.selfexec import FUSE_HOLDER, helper_argv
+from tests.support.mounts import wait_for
 
 # A successor: asks, and on a grant writes its pid and the descriptors' kinds to OUT,
 # says it serves, then waits for its lease to end (a yield) or for ever.
@@ -106,15 +106,6 @@ def fake(tmp_path: Path) -> Iterator[Fake]:
         f.close()
 
 
-def wait(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_messages_round_trip_with_descriptors() -> None:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     r, w = os.pipe()
@@ -162,7 +153,7 @@ def test_resend_needs_linux_6_9(release: str, resends: bool) -> None:
 def test_a_dead_daemon_is_succeeded_by_the_holders_own(fake: Fake) -> None:
     holdwire.send(fake.lease, b"negotiated", b"PARAMS")
     fake.lease.close()                       # the daemon died
-    assert wait(lambda: len(fake.lines()) >= 1)
+    assert wait_for(lambda: len(fake.lines()) >= 1)
     pid, verb, nfds, payload = fake.lines()[0].split()
     assert (verb, nfds, payload) == ("granted", "2", "PARAMS")
     assert b"started pid" in fake.log.read_bytes()
@@ -171,12 +162,12 @@ def test_a_dead_daemon_is_succeeded_by_the_holders_own(fake: Fake) -> None:
 def test_a_daemon_that_asks_is_given_way_by_the_holders_own(fake: Fake) -> None:
     holdwire.send(fake.lease, b"negotiated", b"PARAMS")
     fake.lease.close()
-    assert wait(lambda: len(fake.lines()) >= 1)
+    assert wait_for(lambda: len(fake.lines()) >= 1)
     msg = fake.ask()                          # a restarted DaemonSet container
     assert msg is not None and msg[0] == b"granted" and len(msg[2]) == 2
     for fd in msg[2]:
         os.close(fd)
-    assert wait(lambda: len(fake.lines()) >= 2)
+    assert wait_for(lambda: len(fake.lines()) >= 2)
     assert fake.lines()[1].endswith("yield")
 
 
