@@ -115,6 +115,7 @@ def command(args: argparse.Namespace) -> int:
                          "no --cgroup")
     check_cgroup("mount", args.cgroup)
     env = dict(os.environ)
+    hold = args.hold or args.external_holder
     explicit, rounding = explicit_from_args(args, env)
     opts = MountOptions(args.mountpoint, args.view, args.cgroup, args.cache_ttl, explicit,
                         rounding, args.fuse_binding, args.allow_other, args.daemon,
@@ -122,9 +123,8 @@ def command(args: argparse.Namespace) -> int:
                         exit_when_unused=args.exit_when_unused, ready_fd=args.ready_fd,
                         per_container=args.per_container,
                         reread_explicit=explicit_rereader(args, env),
-                        hold=args.hold or args.external_holder,
-                        external_holder=args.external_holder,
-                        respawn=tuple(respawn_argv(getattr(args, "argv", []))))
+                        hold=hold, external_holder=args.external_holder,
+                        respawn=tuple(respawn_argv(args.argv)) if hold else ())
     try:
         check_fuse_device()
         return serve(opts)
