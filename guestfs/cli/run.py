@@ -54,6 +54,19 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=command)
 
 
+def daemon_argv(args: argparse.Namespace) -> list[str]:
+    """The options run's daemons are started with: its own, and --hold wherever a holder
+    can keep the connection (guestfs's FUSE engine, Linux 6.9+), so that a daemon killed
+    under the app is succeeded on the same connection and the app's binds stay valid.
+    Elsewhere a dead daemon's files are re-bound (wrap/supervise.py, docs/run.md)."""
+    from guestfs.system.kernel import kernel_resends
+
+    out = mount_argv(args)
+    if args.fuse_binding in ("auto", "guestfs") and kernel_resends():
+        out.append("--hold")
+    return out
+
+
 def command(args: argparse.Namespace) -> int:
     from guestfs.daemon.mountpoint import (
         MountError,
@@ -90,7 +103,7 @@ def command(args: argparse.Namespace) -> int:
     except MountError as e:
         raise CliError(f"run: {e}") from e
     try:
-        start = begin(mp, mount_argv(args), args.mountpoint is not None, entry=mount.alone)
+        start = begin(mp, daemon_argv(args), args.mountpoint is not None, entry=mount.alone)
         # Loaded while the daemon starts (wrap/start.py): the app side, from here on.
         from guestfs.wrap.run import run
 

@@ -31,23 +31,8 @@ from guestfs.system.selfexec import FUSE_HOLDER, helper_argv
 
 log = logging.getLogger("guestfs.held")
 
-RESEND_KERNEL = (6, 9)       # FUSE_NOTIFY_RESEND, protocol 7.40
-RESEND_MINOR = 40
 ANSWER_TIMEOUT = 10.0        # a holder's "ready", or its answer to "serve" (a yield)
 EXTERNAL_WAIT = 60.0         # --external-holder: for the holder's pod to be up
-
-
-def kernel_release(release: str | None = None) -> tuple[int, int]:
-    text = release if release is not None else os.uname().release
-    parts = (text.split("-", 1)[0].split(".") + ["0"])[:2]
-    try:
-        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-    except ValueError:
-        return (0, 0)
-
-
-def kernel_resends(release: str | None = None) -> bool:
-    return kernel_release(release) >= RESEND_KERNEL
 
 
 def socket_path(mountpoint: str, lock_dir: str | None = None) -> str:

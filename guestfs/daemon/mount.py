@@ -303,16 +303,16 @@ def _check_hold(opts: MountOptions) -> MountOptions:
     not initialise) on a kernel that resends (held.py); else served as without it."""
     if not opts.hold:
         return opts
-    from guestfs.daemon import held
+    from guestfs.system import kernel
 
     if opts.binding not in ("auto", "guestfs"):
         raise MountError(f"--hold needs guestfs's own FUSE engine; --fuse-binding "
                          f"{opts.binding} cannot serve a connection another process "
                          "initialised (use --fuse-binding auto or guestfs)")
-    if not held.kernel_resends():
+    if not kernel.kernel_resends():
         log.warning("--hold needs Linux %d.%d or later (FUSE_NOTIFY_RESEND); this kernel "
                     "is %s: served without a holder (a dead daemon's mount is re-bound as "
-                    "before)", *held.RESEND_KERNEL, os.uname().release)
+                    "before)", *kernel.RESEND_KERNEL, os.uname().release)
         return dataclasses.replace(opts, hold=False)
     return opts
 

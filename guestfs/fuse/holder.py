@@ -51,6 +51,16 @@ def say(msg: str) -> None:
         os.write(2, f"guestfs-holder[{os.getpid()}]: {msg}\n".encode(errors="replace"))
 
 
+NAME = b"guestfs-holder"   # /proc/PID/comm: what ps, pgrep -x and top show
+
+
+def name_self() -> None:
+    """Our comm, written to procfs rather than by prctl: ctypes alone would double this
+    process's memory."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "wb") as f:
+        f.write(NAME)
+
+
 def detach(mountpoint: str) -> None:
     """sysmount.detach_quietly, loaded only now: ctypes would double this process's
     memory for the whole of its life."""
@@ -373,6 +383,7 @@ def holder_main(argv: list[str]) -> int:
     if len(argv) < 7 or argv[5] != "--":
         say("usage: --fuse-holder CTL FUSE LOCK MOUNTPOINT SOCKET -- ARGV...")
         return 2
+    name_self()
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     # The serving daemon blocks the stop signals in its threads; an exec keeps that mask,
@@ -461,6 +472,7 @@ def standalone_main(argv: list[str]) -> int:
         return 2
     if len(argv) == 2:
         ORPHAN_GRACE = float(argv[1])
+    name_self()
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])

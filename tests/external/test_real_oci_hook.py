@@ -14,11 +14,16 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.system import kernel
 from tests.external.test_image import RUN, libpod_dirs
 from tests.support.fusemount import mounted
+from tests.support.heldmount import HeldMount, kill_in_turn
+from tests.support.mounts import wait_for
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.real
@@ -103,6 +108,49 @@ def test_hook_binds_the_containers_own_files(image, cgroupns):
         shutil.rmtree(top, ignore_errors=True)
     assert memtotal_and_free(out.stdout) == ("MemTotal:         524288 kB", "512"), \
         (out.stdout, log)
+
+
+# A reader inside the container: every read of its meminfo counted as its limit or not
+# (an error, the host's numbers), a read every 0.02 s.
+LOOP = ("echo started; ok=0; bad=0; i=0; while [ $i -lt 200 ]; do "
+        "if head -1 /proc/meminfo 2>&1 | grep -q ' 524288 kB'; then ok=$((ok+1)); "
+        "else bad=$((bad+1)); fi; i=$((i+1)); sleep 0.02; done; echo ok=$ok bad=$bad")
+
+
+def test_a_held_mounts_daemon_killed_under_a_hooked_container_fails_no_read(image):
+    """The hook's binds come from a `guestfs mount --per-container --hold`: kill -9s of its
+    serving daemon while the container reads, each followed by the holder's successor or a
+    new `guestfs mount --hold` (a restarted unit), fail not one read in the container,
+    and nothing is bound again (the hook ran once, at create)."""
+    if not kernel.kernel_resends():
+        pytest.skip(f"Linux {os.uname().release} has no FUSE_NOTIFY_RESEND (6.9+)")
+    top = Path(tempfile.mkdtemp(prefix="guestfs-oci-hook-"))
+    os.chmod(top, 0o755)
+    m = HeldMount(top)
+    m.args = ["--per-container", "--allow-other"]
+    try:
+        m.start()
+        assert wait_for(lambda: m.serving_pid() is not None and is_guestfs_mount(m.mp), 30)
+        hooks = hooks_dir(str(top), m.mp)
+        app = subprocess.Popen(["podman", "--hooks-dir", hooks, "run", "--rm", *RUN[3:],
+                                "--memory", "512m", *OPT_IN, *image, "sh", "-c", LOOP],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert app.stdout is not None and app.stdout.readline() == "started\n", \
+                hook_log(str(top))
+            kill_in_turn(m, 4)
+            out, err = app.communicate(timeout=120)
+        finally:
+            if app.poll() is None:
+                app.kill()
+                app.wait()
+        log = hook_log(str(top))
+    finally:
+        m.cleanup()
+        shutil.rmtree(top, ignore_errors=True)
+    assert app.returncode == 0, err
+    assert out.strip() == "ok=200 bad=0", (out, log)
+    assert log.count("bound") == 1, log
 
 
 def test_without_a_guestfs_mount_the_container_starts_with_the_kernels_files(image):

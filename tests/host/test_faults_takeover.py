@@ -22,8 +22,10 @@ import pytest
 from guestfs.daemon import held
 from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.sources.containerdirs import key_of_cgroup_text
+from guestfs.system import kernel
 from tests.support.fusemount import require_fuse
-from tests.support.mounts import force_unmount, wait_for
+from tests.support.heldmount import HeldMount, holders_of, kill_in_turn
+from tests.support.mounts import wait_for
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.real
@@ -35,60 +37,9 @@ KILLS = 20
 
 def require_resend() -> None:
     require_fuse()
-    if not held.kernel_resends():
+    if not kernel.kernel_resends():
         # Then --hold serves as without a holder (test_fuse_holder.py::test_hold_*).
         pytest.skip(f"Linux {os.uname().release} has no FUSE_NOTIFY_RESEND (6.9+)")
-
-
-def holders_of(mp: str) -> list[int]:
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"--fuse-holder" in argv and os.fsencode(mp) in argv:
-                out.append(int(pid))
-    return out
-
-
-class HeldMount:
-    def __init__(self, root: Path) -> None:
-        self.args: list[str] = []       # the layout's options, for every start
-        self.mp = str(root / "mnt")
-        self.pid_file = str(root / "daemon.pid")
-        self.lock_dir = str(root / "locks")
-        self.log = str(root / "daemon.log")
-        self.started: list[subprocess.Popen[bytes]] = []
-        os.makedirs(self.mp)
-
-    def start(self) -> subprocess.Popen[bytes]:
-        with open(self.log, "ab") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "guestfs", "mount", self.mp, "--hold",
-                 "--pid-file", self.pid_file, "--lock-dir", self.lock_dir, *self.args],
-                stderr=err, start_new_session=True)
-        self.started.append(proc)
-        return proc
-
-    def serving_pid(self) -> int | None:
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(Path(self.pid_file).read_text())
-            return pid if alive(pid) else None
-        return None
-
-    def cleanup(self) -> None:
-        pid = self.serving_pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            wait_for(lambda: not alive(pid), 10)
-        for proc in self.started:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
-        for pid in holders_of(self.mp):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        force_unmount(self.mp)
 
 
 @pytest.fixture
@@ -119,20 +70,6 @@ def reading(m: HeldMount, out_dir: Path, under: str = "") -> Iterator[None]:
         stop.touch()
         for r in readers:
             r.wait(30)
-
-
-def kill_in_turn(m: HeldMount, kills: int) -> None:
-    """``kills`` kill -9s of whichever daemon serves, every other one followed at once by
-    a new `guestfs mount --hold` (what a restarted DaemonSet container runs)."""
-    for i in range(kills):
-        victim = m.serving_pid()
-        assert victim is not None, Path(m.log).read_text()[-3000:]
-        os.kill(victim, signal.SIGKILL)
-        if i % 2 == 0:
-            m.start()
-        assert wait_for(lambda v=victim: m.serving_pid() not in (None, v), 15), \
-            f"kill {i}: no successor\n" + Path(m.log).read_text()[-3000:]
-        time.sleep(0.4)         # reads through the successor before the next kill
 
 
 def read_results(out_dir: Path) -> dict[str, dict]:  # type: ignore[type-arg]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.fuse.holder import NAME as HOLDER_NAME
 from guestfs.wrap.daemon_process import DAEMON_NAME
 from guestfs.wrap.run import stop_process
 from tests.support.mounts import force_unmount, wait_for
@@ -31,7 +32,10 @@ def require_fuse() -> None:
 def is_guestfs_daemon(argv: list[str], name: str) -> bool:
     """A serving daemon, by its command line and name (psutil's cmdline() and name()): an
     executed `guestfs mount`, or the first daemon of a `guestfs run`, forked from it and
-    named guestfs-mount (its command line is run's)."""
+    named guestfs-mount (its command line is run's). Not a FUSE holder, whose command line
+    holds its successors' `mount`."""
+    if name == HOLDER_NAME.decode() or any(a.startswith("--fuse-holder") for a in argv):
+        return False
     return name == DAEMON_NAME.decode() or "mount" in argv
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from guestfs.cli.mount import respawn_argv
-from guestfs.daemon import held
 from guestfs.fuse import holdwire
+from guestfs.system import kernel
 from guestfs.system.selfexec import FUSE_HOLDER, helper_argv
 from tests.support.mounts import wait_for
 
@@ -26,6 +26,7 @@ SUCCESSOR = r"""
 import os, socket, sys, time
 sys.path.insert(0, sys.argv[3])
 from guestfs.fuse import holdwire
+from guestfs.system import kernel
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 s.connect(sys.argv[1])
 holdwire.send(s, b"serve", str(os.getpid()).encode())
@@ -147,7 +148,7 @@ def test_the_successor_command_line_drops_what_only_the_first_start_means() -> N
                                              ("6.8.12-1-amd64", False), ("5.15.0", False),
                                              ("4.4.0", False), ("7.0", True), ("x", False)])
 def test_resend_needs_linux_6_9(release: str, resends: bool) -> None:
-    assert held.kernel_resends(release) is resends
+    assert kernel.kernel_resends(release) is resends
 
 
 def test_a_dead_daemon_is_succeeded_by_the_holders_own(fake: Fake) -> None:
@@ -227,10 +228,10 @@ def test_hold_on_a_kernel_without_resend_serves_without_a_holder(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from guestfs.daemon.mount import _check_hold
 
-    monkeypatch.setattr(held, "kernel_resends", lambda release=None: False)
+    monkeypatch.setattr(kernel, "kernel_resends", lambda release=None: False)
     assert _check_hold(_opts()).hold is False
     assert "--hold needs Linux 6.9 or later" in caplog.text
-    monkeypatch.setattr(held, "kernel_resends", lambda release=None: True)
+    monkeypatch.setattr(kernel, "kernel_resends", lambda release=None: True)
     assert _check_hold(_opts()).hold is True
 
 
