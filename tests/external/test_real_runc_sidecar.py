@@ -34,7 +34,7 @@ pytestmark = pytest.mark.real
 SIDECAR_CAPS = ("CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_CHROOT")
 GUESTFS = str(Path(sys.prefix) / "bin" / "guestfs")
 # The sidecar's command in container/k8s/sidecar/deployment.yaml.
-MANIFEST = (f"{GUESTFS} mount /run/guestfs --daemon --allow-other && "
+MANIFEST = (f"{GUESTFS} mount /run/guestfs --hold --daemon --allow-other && "
             f"exec {GUESTFS} attach --watch --source /run/guestfs")
 # Run as the container's init's child: when the commands fail (a capability missing), the
 # pod's pid namespace lives on, as the pause container keeps it in Kubernetes.
