@@ -125,7 +125,10 @@ class Holder:
         self.young = 0
         self.listener = listen_at(listen_path, 4)
         self._listen_ino = os.stat(listen_path).st_ino
-        holdwire.send(ctl, b"ready")
+        # A daemon that died already (it does not wait for this word) has its lease end
+        # at the loop's first look, as any death.
+        with contextlib.suppress(OSError):
+            holdwire.send(ctl, b"ready")
 
     # ------------------------------------------------------------ what to wait for
 
