@@ -9,6 +9,7 @@ with no /run, /tmp or /var on a read-only root."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from guestfs.system import kernel
 from tests.external.test_real_runc import REPO, bundle
 
 pytestmark = pytest.mark.real
@@ -33,6 +35,9 @@ CAP = {name: bit for bit, name in enumerate((
     "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM",
     "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE"))}
 WRAPPER = ["SYS_ADMIN", "SETPCAP"]   # container/k8s/wrapper/deployment.yaml
+# A daemon run cannot hold (libfuse), whose death run heals by re-binding: the path of
+# kernels before 6.9.
+REBIND = "--fuse-binding mfusepy3"
 # containerd's default set for a container (oci.defaultUnixCaps), plus what run needs.
 CONTAINERD_DEFAULT = ["CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW",
                       "SETGID", "SETUID", "SETFCAP", "SETPCAP", "NET_BIND_SERVICE",
@@ -239,7 +244,8 @@ def test_daemon_restart_rebinds_in_minimal_image(tmp_path):
     restarted (in run's namespace) and only the files are bound again. Joining the
     app's mount namespace needs CAP_SYS_CHROOT."""
     app = f"python3 -c '{RESTART_APP}' {PROBE} 60"
-    out = run_in_container(tmp_path, [*WRAPPER, "SYS_CHROOT"], minimal=True, app=app)
+    out = run_in_container(tmp_path, [*WRAPPER, "SYS_CHROOT"], minimal=True, app=app,
+                           run_args=REBIND)
     assert out.returncode == 0, out.stdout + out.stderr
     first, again, restarted = out.stdout.split()
     assert first == again == str(256 * 1024) and restarted == "1", out.stderr
@@ -250,12 +256,28 @@ def test_daemon_restart_without_sys_chroot_is_one_error_line(tmp_path):
     """Kubernetes' wrapper set has no SYS_CHROOT: the new daemon serves, but its files
     cannot reach the app (ENOTCONN), said once with the fix, however often it retries."""
     app = f"python3 -c '{RESTART_APP}' {PROBE} 8"
-    out = run_in_container(tmp_path, WRAPPER, app=app)
+    out = run_in_container(tmp_path, WRAPPER, app=app, run_args=REBIND)
     assert out.returncode == 0, out.stdout + out.stderr
     first, again, restarted = out.stdout.split()
     assert first == str(256 * 1024) and again == "107" and restarted == "1"  # ENOTCONN
     errors = [ln for ln in out.stderr.splitlines() if " ERROR " in ln]
     assert len(errors) == 1 and "add SYS_CHROOT" in errors[0], out.stderr
+
+
+@pytest.mark.parametrize("minimal", [False, True], ids=["debian", "minimal-read-only"])
+def test_a_held_daemon_killed_under_the_wrapper_set_is_succeeded(tmp_path, minimal):
+    """Linux 6.9+: run holds its connection, so Kubernetes' own wrapper set (no SYS_CHROOT)
+    survives a kill -9 of the daemon too: the holder's successor serves the same
+    connection and the app reads its limit again, with nothing re-bound and no error."""
+    if not kernel.kernel_resends():
+        pytest.skip(f"Linux {os.uname().release} has no FUSE_NOTIFY_RESEND (6.9+): run "
+                    "re-binds (the tests above)")
+    app = f"python3 -c '{RESTART_APP}' {PROBE} 20"
+    out = run_in_container(tmp_path, WRAPPER, app=app, minimal=minimal)
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, again, restarted = out.stdout.split()
+    assert first == again == str(256 * 1024) and restarted == "1", out.stderr
+    assert "re-bound" not in out.stderr and "ERROR" not in out.stderr, out.stderr
 
 
 def test_without_setpcap_run_refuses_in_one_line_or_keeps_caps_when_asked(tmp_path):
