@@ -128,8 +128,11 @@ def start_holder(fuse_fd: int, lock_fd: int, mountpoint: str,
                        mountpoint, socket_path(mountpoint), "--", *respawn)
     with theirs:
         try:
+            # A session of its own: a Ctrl-C to run's process group must not reach it
+            # while its interpreter starts, before it ignores the stop signals.
             proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), fuse_fd, lock_fd),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    start_new_session=True)
         except OSError as e:
             ours.close()
             raise MountError(f"the FUSE holder of {mountpoint} did not start ({e}); "
