@@ -5,7 +5,6 @@ daemon degrading?"."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -32,6 +31,8 @@ def read_status(mountpoint: str, timeout: float = 5.0) -> dict[str, Any]:
         raise StatusError(err, f"no guestfs daemon serves it ({path}: {os.strerror(err)}); "
                                "give the mount point of a running guestfs mount (a daemon "
                                "older than this guestfs has no status file)")
+    import json  # explain's: the daemon itself never reads a status
+
     try:
         status = json.loads(data)
     except ValueError as e:

@@ -8,7 +8,6 @@ the default when installed; fusepy with libfuse2 is the fallback.
 
 from __future__ import annotations
 
-import glob
 import importlib
 import os
 import sys
@@ -69,6 +68,8 @@ def _version(dist: str) -> str:
     """The installed version of ``dist`` for the startup log, from its dist-info directory's
     name: importlib.metadata alone would add ~4.6 MiB to a daemon that must stay small (it
     lives in the container's cgroup, docs/mount.md)."""
+    import glob  # for libfuse's bindings only: guestfs's engine needs none of it
+
     for entry in filter(os.path.isabs, sys.path):  # never the working directory ("")
         for info in glob.glob(os.path.join(glob.escape(entry), f"{dist}-*.dist-info")):
             return os.path.basename(info)[len(dist) + 1:-len(".dist-info")]

@@ -138,6 +138,7 @@ class GuestOperations:
                  direct_timeout: float, on_init: Callable[[], None] | None) -> None:
         self._fuse, self._server, self.layout = fuse, server, layout
         self._direct_timeout, self._on_init = direct_timeout, on_init
+        self.initialised = threading.Event()   # the kernel's INIT is answered: it serves
         self.per_container = layout == "per-container"
         self._dirs, self._files = _tree()
         self._t = time.time_ns()  # every directory carries the mount's start time
@@ -211,11 +212,14 @@ class GuestOperations:
 
     def init(self, path: str) -> None:
         # fusepy's (libfuse2) only; mfusepy calls init_with_config instead.
-        if self._on_init is not None:
-            self._on_init()
+        self._initialised()
 
     def init_with_config(self, conn: Any, config: Any) -> None:
         self._configure(conn, config)
+        self._initialised()
+
+    def _initialised(self) -> None:
+        self.initialised.set()
         if self._on_init is not None:
             self._on_init()
 

@@ -19,13 +19,15 @@ import contextlib
 import logging
 import os
 import socket
-import subprocess
 import threading
+import time
 from dataclasses import dataclass
 
 from guestfs.daemon import mountlock, privileges
 from guestfs.daemon.mountpoint import MountError
 from guestfs.fuse import holdwire
+from guestfs.fuse.holder import NAME as HOLDER_NAME
+from guestfs.system import forked
 from guestfs.system.oneline import one_line
 from guestfs.system.selfexec import FUSE_HOLDER, helper_argv
 
@@ -33,6 +35,7 @@ log = logging.getLogger("guestfs.held")
 
 ANSWER_TIMEOUT = 10.0        # a holder's answer to "serve" or "hold"
 EXTERNAL_WAIT = 60.0         # --external-holder: for the holder's pod to be up
+HOLDER_DELAY = 0.3           # from the mount to the holder's interpreter (start_holder)
 
 
 def socket_path(mountpoint: str, lock_dir: str | None = None) -> str:
@@ -117,28 +120,52 @@ def start_holder(fuse_fd: int, lock_fd: int, mountpoint: str,
     """Start the holder of a mount just made, and return its lease at once. Call it while
     single-threaded, before privileges are dropped.
 
-    Not waited for: its interpreter's start took about 50 ms of `guestfs run`'s start-up
-    (benchmarks/bench_startup.py), and nothing needs it before this daemon's death. What
-    the lease sends meanwhile waits in the socket; its "ready" is read by Lease.watch,
-    and a holder that fails to start ends the lease there, with one warning (this
-    daemon's death then ends the mount, as without --hold). This daemon holds the mount
-    lock on its own as well, so a failed holder never leaves the mount unlocked."""
+    The holder's interpreter starts HOLDER_DELAY later, in a child forked now: that child
+    keeps the connection from this moment (a death of this daemon meanwhile is succeeded
+    once the holder is up), and the holder's start-up (about 20 ms of CPU) no longer
+    competes with `guestfs run`'s first reads and its app's start
+    (benchmarks/bench_startup.py). Nothing waits for it: what the lease sends meanwhile
+    waits in the socket, its "ready" is read by Lease.watch, and a holder that fails to
+    start ends the lease there, with one warning (this daemon's death then ends the
+    mount, as without --hold). This daemon holds the mount lock on its own as well, so a
+    failed holder never leaves the mount unlocked."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     argv = helper_argv(FUSE_HOLDER, str(theirs.fileno()), str(fuse_fd), str(lock_fd),
                        mountpoint, socket_path(mountpoint), "--", *respawn)
     with theirs:
         try:
-            # A session of its own: a Ctrl-C to run's process group must not reach it
-            # while its interpreter starts, before it ignores the stop signals.
-            proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), fuse_fd, lock_fd),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    start_new_session=True)
+            pid = _exec_later(argv, (theirs.fileno(), fuse_fd, lock_fd), HOLDER_DELAY)
         except OSError as e:
             ours.close()
             raise MountError(f"the FUSE holder of {mountpoint} did not start ({e}); "
                              "mount without --hold") from None
-    log.info("FUSE holder pid %d keeps the connection of %s", proc.pid, mountpoint)
+    log.info("FUSE holder pid %d keeps the connection of %s", pid, mountpoint)
     return Lease(ours, fuse_fd)
+
+
+def _exec_later(argv: list[str], keep: tuple[int, ...], delay: float) -> int:
+    """A child that keeps ``keep`` (and nothing else of ours) from now and executes
+    ``argv`` after ``delay`` seconds: its pid. Forked from a single-threaded process."""
+    pid = forked.fork()
+    if pid != 0:
+        return pid
+    try:  # pragma: no cover - the child
+        # A session of its own: a Ctrl-C to run's process group must not reach it
+        # before the holder ignores the stop signals. stdin and stdout on /dev/null,
+        # stderr kept for the holder's lines, as its Popen had them.
+        forked.cut_off(keep, devnull_stdio=False)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        # Named as what it will be: tests and ps must not take it for a serving daemon.
+        forked.name_process(HOLDER_NAME)
+        time.sleep(delay)
+        os.execv(argv[0], argv)
+    finally:
+        os._exit(127)
 
 
 def _exchange(sock: socket.socket, what: str, verb: bytes, payload: bytes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -47,6 +48,7 @@ ATTR_TIMEOUT = 0.5  # kernel entry cache (and attributes of page-cached files' d
 DIRECT_ATTR_TIMEOUT = 0.0  # attributes of files served through the daemon: see serve()
 LIBFUSE3_STOPPED_BY_SIGNAL = 8
 PROBE_NICE = 10  # weight 110 against a reader's 1024: it still runs beside a busy app
+PROBE_DELAY = 1.0  # from INIT to the client probe (probe_fuse_client)
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
@@ -98,24 +100,28 @@ def _stopped_meanwhile(mp: str) -> bool:
     return gone
 
 
-def probe_fuse_client(mp: str, ops: object, timeout: float = 30.0) -> None:
-    """Read our own mount once it serves: a FUSE client that does not honour no_open
-    (page-cached files unreadable) turns the page cache off."""
-    if not wait_until(lambda: _read_own(mp, "") is not None, timeout, 0.05):
+def probe_fuse_client(mp: str, ops: Any, timeout: float = 30.0) -> None:
+    """Read a page-cached file of our own mount once it serves: a FUSE client that does not
+    honour no_open (page-cached files unreadable) turns the page cache off.
+
+    The page cache is taken only where the client's INIT offers no_open
+    (fusefs._configure), so this is the check that it keeps its word, and it waits
+    PROBE_DELAY after INIT: its child's CPU (an interpreter, where this process has
+    threads) then no longer competes with `guestfs run`'s first reads and its app's."""
+    if not ops.initialised.wait(timeout):
         if not _stopped_meanwhile(mp):
             log.warning("%s did not start serving within %gs; client probe skipped", mp,
                         timeout)
         return
-    if ops.page_cache and not _read_own(mp, ops.probe_path):  # type: ignore[attr-defined]
-        if _stopped_meanwhile(mp):
-            return
-        # Served from the page cache, a read goes through no open of ours: a client that
-        # does not honour ENOSYS from open (no_open) fails it instead.
-        ops.disable_page_cache("this FUSE client does not read page-cached files")  # type: ignore[attr-defined]
     # No size probe: every file reports a size that holds its reader's rendering
     # (fusefs.reported_size), so a client that stops reading at st_size even with
     # direct_io (gVisor's) still reads it whole.
     log.info("every served file reports a size that holds its reader's whole rendering")
+    time.sleep(PROBE_DELAY)
+    if ops.page_cache and not _read_own(mp, ops.probe_path) and not _stopped_meanwhile(mp):
+        # Served from the page cache, a read goes through no open of ours: a client that
+        # does not honour ENOSYS from open (no_open) fails it instead.
+        ops.disable_page_cache("this FUSE client does not read page-cached files")
 
 
 def prepare_mountpoint(mp: str) -> None:
@@ -283,6 +289,7 @@ def serve(opts: MountOptions) -> int:
             kwargs.update(_held_options(serving.lease, ops))
             serving.lease.watch()
         signal.pthread_sigmask(signal.SIG_SETMASK, serving.unblocked)
+        gc.enable()   # off while starting (cli/main.py), and in run's fork of us
         try:
             binding.module.FUSE(ops, serving.target, raw_fi=True, **kwargs)
             if serving.lease is not None:

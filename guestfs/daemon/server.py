@@ -8,7 +8,6 @@ psutil) and the load average the sampler thread feeds every 5 s.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -332,6 +331,8 @@ class ViewServer:
 
     def status_json(self) -> bytes:
         """What `guestfs explain --mount` shows: the fallbacks taken, by cause."""
+        import json  # on a read of the status file only, not at every daemon's start
+
         with self._lock:
             fallbacks = dict(self.fallbacks)
             refusals = dict(self.refusals)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from guestfs.sources.host_root import HostReadError, HostRoot, pread_all
 from guestfs.system import sysmount
+from guestfs.system.safefile import make_private_dir
 
 log = logging.getLogger("guestfs.hostpin")
 
@@ -50,7 +50,7 @@ class PinnedHost(HostRoot):
 
 def _open_from_private_instance(fstype: str, prefix: str, paths: list[str]) -> dict[str, int]:
     fds: dict[str, int] = {}
-    top = tempfile.mkdtemp(prefix=f"guestfs-{fstype}-")
+    top = make_private_dir(f"guestfs-{fstype}-")
     try:
         sysmount.mount(fstype, top, fstype, 0x2 | 0x4 | 0x8)  # nosuid, nodev, noexec
         try:

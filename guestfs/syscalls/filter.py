@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 from dataclasses import dataclass
 
 from guestfs.system import libc
@@ -59,7 +58,7 @@ class SeccompUnavailable(OSError):
 
 
 def this_arch() -> Arch | None:
-    return ARCHES.get(platform.machine())
+    return ARCHES.get(os.uname().machine)   # platform.machine(), without platform
 
 
 @dataclass(frozen=True)
@@ -147,7 +146,7 @@ def install_listener(what: Interception) -> int:
     exec: the filter binds only this thread."""
     arch = this_arch()
     if arch is None:
-        raise SeccompUnavailable(0, f"no seccomp numbers for {platform.machine()}")
+        raise SeccompUnavailable(0, f"no seccomp numbers for {os.uname().machine}")
     if not what.any:
         raise SeccompUnavailable(0, "nothing to intercept")
     insns = build_program(arch, what)

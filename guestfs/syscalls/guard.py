@@ -127,7 +127,7 @@ class ListenerGuard:
         if not forked.single_threaded():
             return cls(successor=successor)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        pid = forked.fork()
         if pid == 0:  # pragma: no cover - the guard: never returns
             ours.close()
             _guard_in_fork(theirs.fileno(), successor)
@@ -335,6 +335,7 @@ def _guard_in_fork(fd: int, successor: tuple[str, str] | None
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_IGN)
         gc.freeze()
+        gc.enable()   # off while run starts (cli/main.py); the guard lives on
         forked.name_process(GUARD_NAME)
         guard_main(fd, successor=successor)
     finally:

@@ -111,7 +111,7 @@ def fork_daemon(mp: str, mount_args: list[str], entry: Entry,
     if not forked.single_threaded():
         raise RunError("the daemon is forked only from a single-threaded run")
     r, w = os.pipe()
-    pid = os.fork()
+    pid = forked.fork()
     if pid == 0:  # pragma: no cover - the child never returns: it serves, then exits
         os.close(r)
         _serve_in_child(entry, ["mount", mp, *mount_args, "--ready-fd", str(w)], w, env)

@@ -44,6 +44,7 @@ def begin(mp: str, mount_args: list[str], explicit_mountpoint: bool,
     mount_args = [*mount_args, *space.daemon_args, "--exit-when-unused"]
     users = supervise.join_users(space.mountpoint)
     try:
+        _load_shared()
         pending = None if is_guestfs_mount(space.mountpoint) else \
             fork_daemon(space.mountpoint, mount_args, entry, space.daemon_env())
     except BaseException:
@@ -51,3 +52,11 @@ def begin(mp: str, mount_args: list[str], explicit_mountpoint: bool,
             os.close(users)
         raise
     return RunStart(space, oom, mount_args, users, pending)
+
+
+def _load_shared() -> None:
+    """What run's app side and its daemon both load: loaded once here, before the fork,
+    rather than by each after it (a pod with a CPU limit pays for both)."""
+    import socket  # noqa: F401
+
+    from guestfs.sources import cgroup_files, host_proc, timens  # noqa: F401
