@@ -6,10 +6,12 @@ first read of its /proc/meminfo, against LXCFS's equivalent in the same run.
 
 Run as root, on a machine with lxcfs and a cgroup v1 memory hierarchy. APP is a small C
 program (built with gcc; a `python -I -S` one where there is none, said in the output)
-that prints CLOCK_MONOTONIC just before it opens /proc/meminfo, then that file's
-MemTotal. Every command is started from this process, in a 512 MiB cgroup, and timed
-from just before its fork to APP's timestamp (CLOCK_MONOTONIC: `run`'s time namespace
-moves only CLOCK_BOOTTIME). Rows, interleaved round by round:
+that reads MemTotal from /proc/meminfo, then prints CLOCK_MONOTONIC as that read is done
+and the value it read: whatever run leaves to be done after the app's exec (a daemon
+still starting, an answer rendered at first use) counts until the app has its number.
+Every command is started from this process, in a 512 MiB cgroup, and timed from just
+before its fork to APP's read done (CLOCK_MONOTONIC: `run`'s time namespace moves only
+CLOCK_BOOTTIME). Rows, interleaved round by round:
 - lxcfs: an already running lxcfs's file bound by `unshare -m` + `mount --bind` + exec;
 - guestfs run: `guestfs run -- APP` with no mount there yet (it starts its daemon);
 - guestfs run, mount reused: the same with another run's mount already serving.
@@ -48,21 +50,21 @@ APP_C = r"""
 int main(void) {
     struct timespec ts;
     char line[256];
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) { perror("/proc/meminfo"); return 1; }
     long long kb = -1;
     while (fgets(line, sizeof line, f))
         if (sscanf(line, "MemTotal: %lld kB", &kb) == 1) break;
     fclose(f);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     printf("%lld %lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, kb);
     return 0;
 }
 """
 
-APP_PY = ("import time\nt = time.monotonic_ns()\nwith open('/proc/meminfo') as f:\n"
+APP_PY = ("import time\nwith open('/proc/meminfo') as f:\n"
           "    kb = next(int(x.split()[1]) for x in f if x.startswith('MemTotal:'))\n"
-          "print(t, kb)\n")
+          "print(time.monotonic_ns(), kb)\n")
 
 
 def build_app(tmp: str) -> tuple[list[str], str]:
@@ -78,7 +80,7 @@ def build_app(tmp: str) -> tuple[list[str], str]:
 
 
 def timed(argv: list[str]) -> tuple[float, int]:
-    """(seconds from just before the fork to APP's timestamp, APP's MemTotal in kB)."""
+    """(seconds from just before the fork to APP's read done, APP's MemTotal in kB)."""
     t0 = time.monotonic_ns()
     out = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=60)
     if out.returncode != 0:

@@ -208,9 +208,9 @@ def _start_syscall_view(sock: socket.socket, mp: str, what: Interception,
     listener = take_listener(sock)
     if listener is None:
         return None
-    view = ServedView(texts_under(mp))
-    view.current()          # a first read before the app's first call
-    return supervise_listener(listener, view, what, guard)
+    # Read at the app's first call, not now: the four reads (and their renderings in the
+    # daemon) would take CPU from the app's start, which a pod with a CPU limit waits for.
+    return supervise_listener(listener, ServedView(texts_under(mp)), what, guard)
 
 
 @dataclass

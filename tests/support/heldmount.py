@@ -12,16 +12,21 @@ import sys
 import time
 from pathlib import Path
 
+from guestfs.fuse.holder import NAME as HOLDER_NAME
 from tests.support.mounts import force_unmount, wait_for
 from tests.support.procs import alive
 
 
 def holders_of(mp: str) -> list[int]:
+    """The holders of ``mp``'s connection: by their command line, or, in the first
+    HOLDER_DELAY after the mount, by the name of the child that will become one (its
+    command line is still its daemon's)."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"--fuse-holder" in argv and os.fsencode(mp) in argv:
+            named = Path(f"/proc/{pid}/comm").read_bytes().strip() == HOLDER_NAME
+            if (b"--fuse-holder" in argv or named) and os.fsencode(mp) in argv:
                 out.append(int(pid))
     return out
 
