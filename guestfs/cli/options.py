@@ -192,7 +192,8 @@ def add_mount_options(p: argparse.ArgumentParser, view: str = DEFAULT_VIEW) -> N
                    metavar="SECONDS",
                    help=f"how long a computed view is reused (default {DEFAULT_CACHE_TTL})")
     m.add_argument("--fuse-binding", choices=BINDINGS, default="auto",
-                   help="auto (default): mfusepy on libfuse3 if installed, else fusepy")
+                   help="auto (default): guestfs's own FUSE engine (no libfuse); mfusepy3 "
+                        "(mfusepy on libfuse3), mfusepy2 and fusepy by name")
     m.add_argument("--allow-other", action="store_true",
                    help="let other users (and other containers' processes) read the files")
     m.add_argument("-v", "--verbose", action="store_true", help="debug logging")

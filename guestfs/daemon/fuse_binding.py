@@ -1,9 +1,11 @@
 """Load the FUSE binding. Only `guestfs mount` imports this: show and explain work where
 libfuse is not installed.
 
-The code uses the fusepy API. mfusepy, a maintained fork with the same API, also drives
-libfuse3 and serves a read in about half the time here (docs/performance.md), so it is
-the default when installed; fusepy with libfuse2 is the fallback.
+The code uses the fusepy API. ``auto`` serves it through guestfs's own FUSE engine
+(guestfs/fuse/: the kernel protocol in the standard library, which also holds connections,
+pushes invalidations and drops vanished containers' entries); mfusepy on libfuse3 (a
+maintained fork of fusepy that drives it), mfusepy on libfuse2 and fusepy are there to be
+chosen by name, and taken by ``auto`` only should the engine not load.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class BindingError(RuntimeError):
 
 
 def _try(choice: str) -> Binding:
-    if choice == "guestfs":   # opt-in only: "auto" never picks it
+    if choice == "guestfs":
         mod = importlib.import_module("guestfs.fuse.adapter")
         return Binding(mod, "guestfs's FUSE engine", "no libfuse: kernel FUSE protocol",
                        engine=True)
@@ -79,7 +81,7 @@ def _version(dist: str) -> str:
 def load_binding(choice: str = "auto") -> Binding:
     if choice not in BINDINGS:
         raise BindingError(f"unknown FUSE binding {choice!r}; use one of {BINDINGS}")
-    order = ["mfusepy3", "mfusepy2", "fusepy"] if choice == "auto" else [choice]
+    order = ["guestfs", "mfusepy3", "mfusepy2", "fusepy"] if choice == "auto" else [choice]
     errors = []
     for c in order:
         try:

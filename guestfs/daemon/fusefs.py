@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from guestfs.daemon.daemon_status import STATUS_PATH
-from guestfs.daemon.kernel_entries import EntryDropper
+from guestfs.daemon.kernel_entries import EntryDropper, SessionEntryDropper
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
 from guestfs.daemon.server import UnseenReader, ViewServer
 from guestfs.render.served import SERVED_FILES
@@ -164,7 +164,7 @@ class GuestOperations:
         self._config: Any = None
         self._known: dict[str, str] = {}   # per-container: key -> cgroup path
         self._gone: dict[str, float] = {}  # key -> when its cgroup was first seen gone
-        self._dropper = EntryDropper(fuse)
+        self._dropper: EntryDropper | SessionEntryDropper = EntryDropper(fuse)
         # Vanished containers forgotten, and of those whose kernel entry was dropped.
         self.vanished = Counter(forgotten=0, entries_dropped=0)
         if self.per_container:
@@ -222,6 +222,11 @@ class GuestOperations:
         self.initialised.set()
         if self._on_init is not None:
             self._on_init()
+
+    def attach_session(self, session: Any) -> None:
+        """guestfs's engine hands its session over before it serves (fuse/adapter.py):
+        vanished containers' entries are dropped through it."""
+        self._dropper = SessionEntryDropper(session)
 
     def _configure(self, conn: Any, config: Any) -> None:
         # libfuse3 says here what the kernel's FUSE client offers (libfuse2 gives no

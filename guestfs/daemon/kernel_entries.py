@@ -4,14 +4,16 @@ The kernel keeps the dentries and inodes of every path looked up under a FUSE mo
 memory runs short, and libfuse keeps a node per inode until the kernel forgets it: ~20 per
 per-container directory read (a few KB each container, for ever after it is gone). When
 the daemon forgets a vanished container it asks the kernel to drop its directory's entry,
-so the kernel forgets the subtree's inodes and libfuse frees their nodes. Only with
-libfuse3 through mfusepy (libfuse2's call takes a channel, fusepy exposes neither); else a
-no-op, and the entries go when the kernel reclaims them.
+so the kernel forgets the subtree's inodes and libfuse frees their nodes. With guestfs's
+own engine its session sends the notification (SessionEntryDropper); with libfuse3
+through mfusepy, libfuse does (EntryDropper); libfuse2's call takes a channel and fusepy
+exposes neither: there a no-op, and the entries go when the kernel reclaims them.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 from types import ModuleType
 from typing import Any
@@ -58,5 +60,22 @@ class EntryDropper:
         rc = self._lib.fuse_lowlevel_notify_inval_entry(self._session, FUSE_ROOT_ID, raw,
                                                         len(raw))
         if rc not in (0, -2):  # -ENOENT: the kernel had already forgotten it
+            log.debug("notify_inval_entry(%s) = %d", name, rc)
+        return rc == 0
+
+
+class SessionEntryDropper:
+    """EntryDropper's job through guestfs's engine (guestfs/fuse/session.py), which
+    writes FUSE_NOTIFY_INVAL_ENTRY on its connection itself."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def capture(self) -> None:
+        """Nothing to find: the session is known from the start."""
+
+    def drop(self, name: str) -> bool:
+        rc = self._session.notify_inval_entry(FUSE_ROOT_ID, name)
+        if rc not in (0, errno.ENOENT):   # the kernel had already forgotten it
             log.debug("notify_inval_entry(%s) = %d", name, rc)
         return rc == 0

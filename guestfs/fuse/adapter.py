@@ -327,6 +327,9 @@ class FUSE:
             negotiated=Negotiated.from_json(given) if given else None, wake_fd=wake_w,
             on_init=(lambda neg: told(neg.to_json())) if told else None,
             resolver=options.get("resolver"))
+        attach = getattr(operations, "attach_session", None)
+        if attach is not None:
+            attach(self.session)   # what the operations send the kernel themselves
         try:
             run_session(self.session, wake_r)
         finally:

@@ -67,7 +67,8 @@ def test_the_daemon_does_not_load_importlib_metadata():
     """What the daemon imports is resident in the app's cgroup for its whole life; the
     binding's version for the startup log is read without importlib.metadata (~2 MiB)."""
     code = ("import sys, guestfs.cli.main, guestfs.daemon.mount, guestfs.wrap.run; "
-            "from guestfs.daemon.fuse_binding import load_binding, _version; b = load_binding(); "
+            "from guestfs.daemon.fuse_binding import load_binding, _version; "
+            "b = load_binding('mfusepy3'); "     # a libfuse binding: its version is looked up
             "assert 'importlib.metadata' not in sys.modules, 'importlib.metadata loaded'; "
             "print(b.name, _version('no-such-dist'))")
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
