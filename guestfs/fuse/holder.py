@@ -29,15 +29,21 @@ POLLERR).
 
 from __future__ import annotations
 
-import contextlib
+# Built-in modules rather than their Python wrappers (contextlib, socket, signal and the
+# enum, selectors and collections they bring): the holder lives as long as its mount, in
+# the container's cgroup; these halve its start-up (22 to 10 ms of CPU) and take 0.8 MiB
+# off its own memory.
+import _signal as signal
+import _socket as socket
 import os
 import select
-import signal
-import socket
 import time
-from collections.abc import Callable
 
 from guestfs.fuse import holdwire
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING, without typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 GRACE = 0.1       # a daemon asking this soon after a death wins over a successor of ours
 MAX_YOUNG = 5     # deaths in a row before serving (a crash loop): the connection ends
@@ -46,8 +52,21 @@ ASK_TIMEOUT = 2.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
+class suppress:
+    """contextlib.suppress, without contextlib."""
+
+    def __init__(self, *kinds: type[BaseException]) -> None:
+        self.kinds = kinds
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, self.kinds)
+
+
 def say(msg: str) -> None:
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.write(2, f"guestfs-holder[{os.getpid()}]: {msg}\n".encode(errors="replace"))
 
 
@@ -57,7 +76,7 @@ NAME = b"guestfs-holder"   # /proc/PID/comm: what ps, pgrep -x and top show
 def name_self() -> None:
     """Our comm, written to procfs rather than by prctl: ctypes alone would double this
     process's memory."""
-    with contextlib.suppress(OSError), open("/proc/self/comm", "wb") as f:
+    with suppress(OSError), open("/proc/self/comm", "wb") as f:
         f.write(NAME)
 
 
@@ -72,7 +91,7 @@ def detach(mountpoint: str) -> None:
 def listen_at(path: str, backlog: int) -> socket.socket:
     """A SEQPACKET socket listening at ``path`` (mode 0600), in place of a dead holder's
     (a live one holds the lock or the hand-over socket, so none is there)."""
-    with contextlib.suppress(FileNotFoundError):
+    with suppress(FileNotFoundError):
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.bind(path)
@@ -86,7 +105,7 @@ def first_message(listener: socket.socket) -> tuple[socket.socket, int, bytes, b
     """A connection accepted, its peer (uid 0 or ours only) and its first message:
     (conn, pid, verb, payload, descriptors). None, logged, for anything else."""
     try:
-        conn, _ = listener.accept()
+        conn = socket.socket(fileno=listener._accept()[0])
     except OSError:
         return None
     try:
@@ -127,7 +146,7 @@ class Holder:
         self._listen_ino = os.stat(listen_path).st_ino
         # A daemon that died already (it does not wait for this word) has its lease end
         # at the loop's first look, as any death.
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             holdwire.send(ctl, b"ready")
 
     # ------------------------------------------------------------ what to wait for
@@ -249,13 +268,13 @@ class Holder:
             self._grant(conn)
         elif self.lease_ours and self.pending is None:
             self.pending = conn
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 holdwire.send(self.lease, b"yield")
         else:
             self._refuse(conn, f"pid {self.lease_pid} serves it")
 
     def _refuse(self, conn: socket.socket, why: str) -> None:
-        with contextlib.suppress(OSError, holdwire.BadMessage):
+        with suppress(OSError, holdwire.BadMessage):
             holdwire.send(conn, b"refused", why.encode())
         conn.close()
 
@@ -294,7 +313,7 @@ class Holder:
         say(f"the daemon (pid {self.lease_pid}) is gone: started pid {pid} to serve on")
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             if os.stat(self.listen_path).st_ino == self._listen_ino:
                 os.unlink(self.listen_path)
         self.listener.close()
@@ -302,7 +321,7 @@ class Holder:
             if sock is not None:
                 sock.close()
         for fd in (self.fuse_fd, self.lock_fd):
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.close(fd)
 
 
@@ -340,7 +359,7 @@ class Loop:
                 if status is not None:
                     done.append((owner[fd], status))
             elif fd == self._wake_r:
-                with contextlib.suppress(BlockingIOError):
+                with suppress(BlockingIOError):
                     os.read(self._wake_r, 256)
             else:
                 extra[fd]()
@@ -459,7 +478,7 @@ class Standalone:
             say(f"refused a hand-over: {e}")
             for fd in fds:
                 os.close(fd)
-            with contextlib.suppress(OSError, holdwire.BadMessage):
+            with suppress(OSError, holdwire.BadMessage):
                 holdwire.send(conn, b"refused", str(e).encode()[:1000])
             conn.close()
             return
