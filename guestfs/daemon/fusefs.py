@@ -353,14 +353,17 @@ class GuestOperations:
             return data
         pid = self._fuse.fuse_get_context()[2]
         try:
-            data = self._server.render_until(sub, pid, cgroup)[1]
+            _, data, key = self._server.render_for(sub, pid, cgroup)
         except UnseenReader:
             # Its read will be refused (counted and logged there); a stat still
             # answers, with one page, as for any file that fits in one.
             return b""
         self.calls["render"] += 1
         who = self._server.reader(pid)
-        key = self._server.view_key(pid) if cgroup is None else cgroup
+        if cgroup is not None:
+            key = cgroup
+        elif key is None:
+            key = self._server.view_key(pid, who)
         with self._sized_lock:
             if len(self._sized) >= SIZED_ENTRIES:  # stat()s never followed by an open
                 self._sized.pop(next(iter(self._sized)))
@@ -418,7 +421,8 @@ class GuestOperations:
         who = self._server.reader(pid)
         with self._sized_lock:
             sized = self._sized.pop((who, path), None)
-        if sized is not None and (cgroup is not None or sized[1] == self._server.view_key(pid)):
+        if sized is not None and (cgroup is not None
+                                  or sized[1] == self._server.view_key(pid, who)):
             # The rendering this open's GETATTR reported the size of.
             self._per_handle.put(fi.fh, sized[0], unread=True)
         return 0

@@ -84,3 +84,56 @@ def _exited(pidfd: int) -> bool:
         return bool(select.select([pidfd], [], [], 0)[0])
     except (OSError, ValueError):
         return True
+
+
+class CgroupFiles:
+    """The /proc/<pid>/cgroup of readers seen lately, each kept open and read again with
+    pread: one system call where an open, fstat, read and close were four, and a
+    per-caller read checks its reader's cgroups at its GETATTR and again at its OPEN
+    (server.key_for). A descriptor of a /proc/<pid> file names its process, not its
+    number: once that process has exited its reads fail (ESRCH), never another's."""
+
+    def __init__(self, path_of: Callable[[str], str], limit: int = PIDFDS) -> None:
+        self._path_of, self._limit = path_of, limit
+        self._fds: OrderedDict[Reader, int] = OrderedDict()
+        # Held across the pread: a descriptor closed by eviction and reused for another
+        # file must never be read as this reader's.
+        self._lock = threading.Lock()
+
+    def read(self, who: Reader) -> str | None:
+        """The cgroup file of reader ``who`` (pid, start time), None if unreadable."""
+        with self._lock:
+            fd = self._fds.get(who)
+            if fd is not None:
+                try:
+                    return os.pread(fd, 65536, 0).decode("utf-8", "replace")
+                except OSError:
+                    os.close(self._fds.pop(who))
+                    return None
+        return self._learn(who)
+
+    def _learn(self, who: Reader) -> str | None:
+        try:
+            fd = os.open(self._path_of(f"/proc/{who[0]}/cgroup"),
+                         os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            text = os.pread(fd, 65536, 0).decode("utf-8", "replace")
+        except OSError:
+            os.close(fd)
+            return None
+        with self._lock:
+            old = self._fds.pop(who, None)
+            self._fds[who] = fd
+            if old is not None:
+                os.close(old)
+            while len(self._fds) > self._limit:
+                os.close(self._fds.popitem(last=False)[1])
+        return text
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

@@ -21,7 +21,7 @@ from cachetools import LRUCache, TTLCache
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.defaults import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
 from guestfs.daemon.file_table import SERVED_FILES, ViewState, render_file
-from guestfs.daemon.readers import Reader, ReaderIds
+from guestfs.daemon.readers import CgroupFiles, Reader, ReaderIds
 from guestfs.engine.explicit import ExplicitLimitError, ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
 from guestfs.render.loadavg import SAMPLE_SECONDS
@@ -144,6 +144,8 @@ class ViewServer:
         self._fast: dict[tuple[Reader, str], tuple[float, bytes, str]] = {}
         self._proc_is_ours = self._check_proc()
         self._reader_ids = ReaderIds(self.start_time, host.root in ("", "/"))
+        # The real /proc only: a fake root's files may be replaced under a kept descriptor.
+        self._cgroup_files = CgroupFiles(host.path) if host.root in ("", "/") else None
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self.errors = 0
@@ -219,10 +221,10 @@ class ViewServer:
         # cgroup under one pid and start time (runc's init is made in runc's own cgroup and
         # moved, and the FUSE binds it makes ask for the files' sizes before the move), and
         # a key cached from before would serve it the node's view for a whole TTL.
-        if hit is not None and self.host.try_read_small(f"/proc/{hit[1]}/cgroup") == hit[0]:
+        if hit is not None and self._cgroup_text(who, hit[1]) == hit[0]:
             return hit
         for cand in self._candidates(pid):
-            text = self.host.try_read_small(f"/proc/{cand}/cgroup")
+            text = self._cgroup_text(who, cand)
             # Empty is an answer, not an absence: inside gVisor no cgroup is visible.
             if text is None:
                 continue
@@ -233,6 +235,12 @@ class ViewServer:
                 self._pid_keys[who] = key
             return key
         raise self._refuse("no /proc/<pid>/cgroup for the reader in the daemon's /proc", pid)
+
+    def _cgroup_text(self, who: Reader, pid: str) -> str | None:
+        """/proc/<pid>/cgroup: the reader's own through its kept descriptor."""
+        if self._cgroup_files is not None and pid == str(who[0]):
+            return self._cgroup_files.read(who)
+        return self.host.try_read_small(f"/proc/{pid}/cgroup")
 
     def _self_key(self) -> tuple[str, str]:
         text = self.host.try_read_small("/proc/self/cgroup")
@@ -376,29 +384,38 @@ class ViewServer:
         moment its cgroup files were read + cache_ttl), and every cache layer keeps it, so
         no number is older than cache_ttl (plus render time) and two readers of one view at
         the same moment get the same bytes."""
+        return self.render_for(path, pid, cgroup)[:2]
+
+    def render_for(self, path: str, pid: int, cgroup: str | None = None
+                   ) -> tuple[float, bytes, str | None]:
+        """render_until's answer and the key of the reader's view it was made from, as
+        checked against its cgroup file while rendering (None for a pinned ``cgroup``,
+        the status, or a key no longer cached): the caller need not read that file
+        again (view_key)."""
         if path == STATUS_PATH:
-            return time.monotonic(), self.status_json()
+            return time.monotonic(), self.status_json(), None
         if cgroup is not None:
-            return self._render(path, pid, (pid, None), (PINNED + cgroup, "self"))
+            return *self._render(path, pid, (pid, None), (PINNED + cgroup, "self")), None
         who = self.reader(pid)
         hit = self._fast.get((who, path))
         if hit is not None and time.monotonic() < hit[0] and self._same_cgroups(pid, who, hit[2]):
-            return hit[0], hit[1]
+            return hit
         deadline, data = self._render(path, pid, who)
+        with self._lock:
+            key = self._pid_keys.get(who)
+        if key is None:
+            return deadline, data, None
         if path not in UNCACHED and self.config.cache_ttl > 0 and deadline > time.monotonic():
             if len(self._fast) > FAST_ENTRIES:
                 self._fast.clear()
-            with self._lock:
-                key = self._pid_keys.get(who)
-            if key is not None:
-                self._fast[(who, path)] = (deadline, data, key[0])
-        return deadline, data
+            self._fast[(who, path)] = (deadline, data, key[0])
+        return deadline, data, key[0]
 
-    def view_key(self, pid: int) -> str | None:
+    def view_key(self, pid: int, who: Reader | None = None) -> str | None:
         """The key of the view reader ``pid`` gets now (its cgroups, checked against its
         cgroup file); None for a reader refused or gone."""
         try:
-            return self.key_for(pid)[0]
+            return self.key_for(pid, who)[0]
         except Exception:  # noqa: BLE001 - refused, gone or unreadable: no key
             return None
 
@@ -527,3 +544,5 @@ class ViewServer:
     def stop(self) -> None:
         self._stop.set()
         self._reader_ids.close()
+        if self._cgroup_files is not None:
+            self._cgroup_files.close()

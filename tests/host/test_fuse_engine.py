@@ -210,10 +210,13 @@ def test_a_killed_daemon_leaves_enotconn_and_is_replaced(mp, tmp_path):
         assert "stale FUSE mount" in (tmp_path / "log2").read_text()
 
 
-def test_auto_still_chooses_libfuse(mp, tmp_path):
+def test_auto_chooses_the_engine_and_libfuse_is_there_by_name(mp, tmp_path):
     with mounted(mp, log=str(tmp_path / "log")):
         read_all(f"{mp}/proc/meminfo")
-    assert re.search(r"with mfusepy [\d.]+ \(libfuse3", (tmp_path / "log").read_text())
+    assert re.search(r"with guestfs's FUSE engine \(no libfuse", (tmp_path / "log").read_text())
+    with mounted(mp, "--fuse-binding", "mfusepy3", log=str(tmp_path / "log3")):
+        assert read_all(f"{mp}/proc/meminfo").startswith(b"MemTotal:")
+    assert re.search(r"with mfusepy [\d.]+ \(libfuse3", (tmp_path / "log3").read_text())
 
 
 # ------------------------------------------------------------------ the engine directly
