@@ -17,16 +17,21 @@ import contextlib
 import json
 import os
 import re
+import select
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from guestfs.daemon.mountpoint import is_guestfs_mount
 from guestfs.sources.containerdirs import dir_key
 from guestfs.system.kernel import kernel_release
 from tests.support.fusemount import mounted, private_mountpoint
+from tests.support.heldmount import HeldMount, kill_in_turn
 from tests.support.mounts import wait_for
 from tests.support.paths import REPO
 from tests.support.realcg import in_cgroup, v1_cgroup
@@ -64,14 +69,26 @@ def pod_user_namespace() -> Iterator[int]:
         proc.wait()
 
 
+def reader_argv(source: str, userns_pid: int, *more: str) -> list[str]:
+    return ["unshare", "--mount", "--propagation", "private", sys.executable, str(READER),
+            source, str(userns_pid), str(READER_UID), *more]
+
+
 def read_through_idmapped_bind(source: str, cg, userns_pid: int) -> dict:
     """What idmap_reader.py reports of ``source`` bound idmapped and read by uid
     READER_UID of the namespace, every process of it inside ``cg``."""
-    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, str(READER),
-            source, str(userns_pid), str(READER_UID)]
-    done = in_cgroup(cg, argv, timeout=60)
+    done = in_cgroup(cg, reader_argv(source, userns_pid), timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def next_report(proc: subprocess.Popen[bytes], timeout: float = 30) -> dict:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no report from idmap_reader.py within {timeout} s"
+    line = proc.stdout.readline()
+    assert line, f"idmap_reader.py exited with {proc.wait()}"
+    return json.loads(line)
 
 
 def check_meminfo(got: dict, served_directly: str) -> None:
@@ -142,3 +159,40 @@ def test_without_allow_other_the_pods_uid_is_refused(pod):
     with private_mountpoint() as mp, mounted(str(mp), "--fuse-binding", "guestfs"):
         got = read_through_idmapped_bind(str(mp / "proc" / "meminfo"), cg, userns_pid)
         assert got.get("idmap_error") is None and got.get("read_error") == "EACCES", got
+
+
+def test_a_pods_idmapped_bind_reads_on_across_its_daemons_deaths(pod):
+    """The DaemonSet's daemon restarts under a user-namespaced pod: a held mount's daemon
+    killed (-9) twice, once succeeded by a new `guestfs mount --hold` (a restarted
+    container), once by the holder's successor. The bind made before reads right after,
+    and the successor, which took INIT's parameters over, says idmapped binds are
+    accepted."""
+    cg, userns_pid = pod
+    root = Path(tempfile.mkdtemp(prefix="guestfs-idmap-held-"))
+    m = HeldMount(root)
+    m.args = ["--allow-other"]
+    reader = None
+    try:
+        m.start()
+        assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+        source = os.path.join(m.mp, "proc", "meminfo")
+        shell = f'for d in {" ".join(cg.dirs.values())}; do echo $$ > $d/cgroup.procs; ' \
+                'done; exec "$@"'
+        reader = subprocess.Popen(["sh", "-c", shell, "_",
+                                   *reader_argv(source, userns_pid, "--again")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        check_meminfo(next_report(reader), Path(source).read_text())
+        first_daemon = m.serving_pid()
+        kill_in_turn(m, 2)
+        assert m.serving_pid() != first_daemon
+        assert reader.stdin is not None
+        reader.stdin.write(b"\n")
+        reader.stdin.flush()
+        check_meminfo(next_report(reader), Path(source).read_text())
+        assert status(Path(m.mp))["idmapped_binds"] is True
+    finally:
+        if reader is not None:
+            reader.kill()
+            reader.wait()
+        m.cleanup()
+        shutil.rmtree(root, ignore_errors=True)

@@ -2,14 +2,16 @@
 private``): bind a file idmapped by a user namespace, as kubelet binds a volume into a
 pod with ``hostUsers: false``, and read it through that bind from inside the namespace.
 
-    python idmap_reader.py SOURCE USERNS_PID UID
+    python idmap_reader.py SOURCE USERNS_PID UID [--again]
 
 SOURCE is cloned (open_tree, OPEN_TREE_CLONE), given the idmapping of USERNS_PID's user
 namespace (mount_setattr, MOUNT_ATTR_IDMAP) and moved over an empty file of a private
 tmpfs; then a child joins the user namespace, becomes UID there, and reads the bind to
 EOF. One JSON line on stdout: ``{"idmap_error": errno name or null, "uid_inside": ...,
-"host_uid": ..., "stat_uid": ..., "text": ...}``. The bind dies with this process's
-mount namespace, so nothing is left behind however it ends.
+"host_uid": ..., "stat_uid": ..., "text": ...}``; with ``--again``, one more read and
+line for every line on stdin, until its end (a pod reading across a daemon's restart).
+The bind dies with this process's mount namespace, so nothing is left behind however it
+ends.
 
 The standard library and ctypes only: util-linux's X-mount.idmap= needs 2.39, and
 Python 3.11 wraps none of these calls.
@@ -109,12 +111,13 @@ def read_inside(userns_fd: int, uid: int, path: str) -> dict[str, object]:
     return out
 
 
-def main(source: str, userns_pid: int, uid: int) -> dict[str, object]:
+def main(source: str, userns_pid: int, uid: int, again: bool) -> None:
     userns_fd = os.open(f"/proc/{userns_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     try:
         tree = idmapped_clone(source, userns_fd)
     except OSError as e:
-        return {"idmap_error": errno.errorcode.get(e.errno or 0, str(e.errno))}
+        report({"idmap_error": errno.errorcode.get(e.errno or 0, str(e.errno))})
+        return
     scratch = tempfile.mkdtemp(prefix="guestfs-idmap-")
     # A tmpfs of this namespace only: the bind's target, gone with the namespace.
     if libc.mount(b"tmpfs", os.fsencode(scratch), b"tmpfs", 0, b"mode=0755") != 0:
@@ -124,10 +127,14 @@ def main(source: str, userns_pid: int, uid: int) -> dict[str, object]:
     os.chmod(target, 0o444)
     move_onto(tree, target)
     os.close(tree)
-    out: dict[str, object] = {"idmap_error": None}
-    out.update(read_inside(userns_fd, uid, target))
-    return out
+    report({"idmap_error": None, **read_inside(userns_fd, uid, target)})
+    while again and sys.stdin.readline():
+        report({"idmap_error": None, **read_inside(userns_fd, uid, target)})
+
+
+def report(out: dict[str, object]) -> None:
+    print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))), flush=True)
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), "--again" in sys.argv[4:])
