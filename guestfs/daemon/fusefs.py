@@ -175,6 +175,9 @@ class GuestOperations:
         # is rendered while other threads count.
         self.calls: Counter[str] = Counter(dict.fromkeys(CALL_KINDS, 0))
         server.serving["callbacks"] = self.calls
+        # Whether the kernel accepts an idmapped bind of this mount (kubelet makes one
+        # for every hostPath of a pod with hostUsers: false); known at INIT.
+        server.serving["idmapped_binds"] = False
 
     @property
     def kept_renderings(self) -> OpenRenderings:
@@ -212,9 +215,11 @@ class GuestOperations:
 
     def init(self, path: str) -> None:
         # fusepy's (libfuse2) only; mfusepy calls init_with_config instead.
+        self._note_idmap(None)
         self._initialised()
 
     def init_with_config(self, conn: Any, config: Any) -> None:
+        self._note_idmap(conn)
         self._configure(conn, config)
         self._initialised()
 
@@ -227,6 +232,17 @@ class GuestOperations:
         """guestfs's engine hands its session over before it serves (fuse/adapter.py):
         vanished containers' entries are dropped through it."""
         self._dropper = SessionEntryDropper(session)
+
+    def _note_idmap(self, conn: Any) -> None:
+        # Only guestfs's engine can negotiate FUSE_ALLOW_IDMAP (its ConnInfo says so);
+        # libfuse's fuse_conn_info has no such field, and without it the kernel refuses
+        # an idmapped bind with EINVAL: a user-namespaced pod does not even start.
+        idmap = bool(getattr(conn, "idmap", False))
+        self._server.serving["idmapped_binds"] = idmap
+        if not idmap:
+            log.info("idmapped binds of this mount (pods with hostUsers: false) are "
+                     "refused: they need guestfs's FUSE engine (--fuse-binding auto or guestfs, "
+                     "or --hold) and Linux 6.12 or later")
 
     def _configure(self, conn: Any, config: Any) -> None:
         # libfuse3 says here what the kernel's FUSE client offers (libfuse2 gives no

@@ -109,6 +109,8 @@ class ConnInfo:
         self.max_background = 0
         self.congestion_threshold = 0
         self.time_gran = neg.time_gran
+        # Not libfuse's: FUSE_ALLOW_IDMAP was negotiated (idmapped binds are accepted).
+        self.idmap = neg.idmap
 
 
 class Config:

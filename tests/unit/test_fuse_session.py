@@ -297,6 +297,29 @@ def test_guestfs_operations_serve_through_the_engine():
     s.close()
 
 
+@pytest.mark.parametrize(("options", "idmap"), [(Options(), True),
+                                               (Options(default_permissions=False), False)])
+def test_the_status_says_whether_idmapped_binds_are_accepted(options, idmap):
+    """Negotiated FUSE_ALLOW_IDMAP (only with default_permissions) shows in the status as
+    idmapped_binds; the kernel then sends no uid or gid with a read (FUSE_INVALID_UIDGID),
+    and the reader is still told by its pid alone."""
+    srv = ViewServer(HostRoot(str(fixture_root("k8s-systemd-v2-burstable"))),
+                     ServerConfig(cache_ttl=60))
+    ops = make_operations(adapter, srv, "per-caller", 0.0)
+    s = PipeSession(adapter.OperationsFilesystem(ops, attr_timeout=0.0), options)
+    assert srv.serving["idmapped_binds"] is idmap
+    assert s.session.negotiated.idmap is idmap
+    no_id = {"uid": abi.INVALID_UIDGID, "gid": abi.INVALID_UIDGID, "pid": 7}
+    proc, _ = lookup(s, "proc")
+    meminfo, _ = lookup(s, "meminfo", parent=proc)
+    (r,) = s.ask(frame(abi.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0), nodeid=meminfo, **no_id))
+    fh = abi.OPEN_OUT.unpack(r.body)[0]
+    (r,) = s.ask(frame(abi.READ, abi.READ_IN.pack(fh, 0, 65536, abi.READ_LOCKOWNER, 1, 0, 0),
+                       nodeid=meminfo, **no_id))
+    assert r.error == 0 and r.body == srv.render("/proc/meminfo", 7)
+    s.close()
+
+
 def test_an_open_answered_enosys_reaches_the_kernel_and_opendir_is_answered():
     class Ops(adapter.Operations):
         use_ns = True

@@ -16,6 +16,7 @@ answers there, which the sidecar test states.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from tests.support.cri import probe
 from tests.support.cri.images import REPO
@@ -230,6 +232,48 @@ def test_daemonset_pattern(cri_node, guestfs_daemonset, app):
         finish(pod)
 
 
+IDENTITY_MAP = ["0", "0", "4294967295"]
+NO_USERNS = ("containerd {} ignores CRI userns_options (uid_map is the node's identity "
+             "map): user-namespaced pods need containerd >= 2.0 with runc >= 1.2, or "
+             "CRI-O >= 1.25, and Linux >= 6.3")
+
+
+def test_daemonset_pattern_from_a_user_namespaced_pod(cri_node, guestfs_daemonset,
+                                                      tmp_path: Path):
+    """The pod snippet with hostUsers: false: its runtime binds the node's files idmapped
+    by the pod's user namespace, which the DaemonSet's held mounts accept (guestfs's
+    engine negotiates FUSE_ALLOW_IDMAP), and the app reads its own limit. Skipped, with the
+    reason, where the runtime makes no user namespace (checked here: the app's uid_map)."""
+    doc = yaml.safe_load((K8S / "daemonset" / "pod-snippet.yaml").read_text())
+    doc["spec"]["hostUsers"] = False
+    manifest = tmp_path / "pod-snippet-userns.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    plan = translate(manifest, images={"registry.example/app:1.0": "busybox"},
+                     programs={"app": ["sh", "-c", "cat /proc/self/uid_map; sleep 3600"]})
+    userns = plan.sandbox.linux.security_context.namespace_options.userns_options
+    assert list(userns.uids) and userns.mode == cri_node.pb.POD   # what kubelet sends
+    status = json.loads(cri_node.fs.read_text(
+        "/var/lib/guestfs/by-caller/.guestfs-status"))
+    assert status["idmapped_binds"] is True, status
+    pod = cri_node.run(plan)
+    try:
+        deadline = time.monotonic() + 20
+        while not pod.logs("app").strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        uid_map = pod.logs("app").split()
+        version = cri_node.version().runtime_version
+        if uid_map != IDENTITY_MAP:
+            assert uid_map[0] == "0" and uid_map[1] != "0", uid_map
+            rc, out, err = pod.exec("app", ["cat", "/proc/meminfo"])
+            assert rc == 0, err
+            assert out.splitlines()[0].split()[1] == str(LIMIT // 1024), out
+    finally:
+        finish(pod)
+    if uid_map == IDENTITY_MAP:
+        pytest.skip(NO_USERNS.format(version))
+
+
 def test_user_namespaces_are_not_faked(cri_node, tmp_path: Path):
     """A pod with hostUsers: false must really get a user namespace; containerd 1.6
     accepts CRI's userns_options and ignores them, and the shipped wrapper and sidecar ask
@@ -249,8 +293,6 @@ def test_user_namespaces_are_not_faked(cri_node, tmp_path: Path):
         version = cri_node.version().runtime_version
     finally:
         finish(pod)
-    if uid_map == ["0", "0", "4294967295"]:
-        pytest.skip(f"containerd {version} ignores CRI userns_options (uid_map is the "
-                    "node's identity map): user-namespaced pods need containerd >= 2.0 "
-                    "with runc >= 1.2, or CRI-O >= 1.25, and Linux >= 6.3")
+    if uid_map == IDENTITY_MAP:
+        pytest.skip(NO_USERNS.format(version))
     assert uid_map[0] == "0" and uid_map[1] != "0", uid_map
