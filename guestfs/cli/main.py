@@ -7,13 +7,23 @@ import sys
 from collections.abc import Sequence
 
 from guestfs import __version__
-from guestfs.cli import attach, explain, fuse_holder, mount, oci_hook, run, seccomp, show
+from guestfs.cli import (
+    attach,
+    explain,
+    fuse_holder,
+    mount,
+    oci_hook,
+    run,
+    seccomp,
+    show,
+    webhook,
+)
 from guestfs.cli.messages import dispatch
 from guestfs.cli.options import OneLineParser
 
 # In the order `guestfs --help` lists them. Each module loads what its command needs only
 # when it runs (`guestfs run`'s start-up is its app's wait).
-COMMANDS = (explain, show, mount, run, attach, oci_hook, seccomp, fuse_holder)
+COMMANDS = (explain, show, mount, run, attach, oci_hook, seccomp, fuse_holder, webhook)
 
 
 def build_parser() -> argparse.ArgumentParser:
