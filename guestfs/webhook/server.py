@@ -24,6 +24,9 @@ from guestfs.webhook.events import event
 from guestfs.webhook.inject import Options
 
 ROUTES = {"/mutate": True, "/mutate/annotated": False}   # path -> namespace selected
+# What a refused request may still send before the connection closes (see _linger).
+LINGER = 1 << 20
+LINGER_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -165,24 +168,25 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         started = time.monotonic()
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self._json(411, {"error": "a Content-Length is required"}, unread=LINGER)
+            return
+        size = int(length)
+        if size > self.server.limits.max_body:
+            event(logging.WARNING, "request-too-large", client=self.client_address[0],
+                  bytes=size, limit=self.server.limits.max_body)
+            self._json(413, {"error": f"request body over {self.server.limits.max_body} "
+                                      "bytes"}, unread=size)
+            return
+        body = self.rfile.read(size)
+        if len(body) != size:
+            event(logging.WARNING, "request-truncated", client=self.client_address[0],
+                  got=len(body), expected=size)
+            return
         selected = ROUTES.get(self.path.split("?", 1)[0])
         if selected is None:
             self._send(404, b"not found\n", "text/plain")
-            return
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self._json(411, {"error": "a Content-Length is required"})
-            return
-        if int(length) > self.server.limits.max_body:
-            event(logging.WARNING, "request-too-large", client=self.client_address[0],
-                  bytes=int(length), limit=self.server.limits.max_body)
-            self._json(413, {"error": f"request body over {self.server.limits.max_body} "
-                                      "bytes"})
-            return
-        body = self.rfile.read(int(length))
-        if len(body) != int(length):
-            event(logging.WARNING, "request-truncated", client=self.client_address[0],
-                  got=len(body), expected=int(length))
             return
         outcome = admit(body, selected, self.server.options)
         self._json(outcome.status, outcome.body)
@@ -190,10 +194,10 @@ class Handler(BaseHTTPRequestHandler):
         event(level, "review", path=self.path, status=outcome.status,
               ms=round((time.monotonic() - started) * 1000, 2), **outcome.fields)
 
-    def _json(self, status: int, doc: dict) -> None:
-        self._send(status, json.dumps(doc).encode(), "application/json")
+    def _json(self, status: int, doc: dict, unread: int = 0) -> None:
+        self._send(status, json.dumps(doc).encode(), "application/json", unread)
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
+    def _send(self, status: int, body: bytes, ctype: str, unread: int = 0) -> None:
         self.send_response_only(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -201,6 +205,21 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
         self.close_connection = True
+        if unread:
+            self._linger(unread)
+
+    def _linger(self, unread: int) -> None:
+        """Read and drop what the client is still sending, up to LINGER bytes and
+        LINGER_SECONDS: a socket closed with unread input is reset, and the reset can
+        overtake the answer on its way, so the client would never see why it was refused."""
+        self.connection.settimeout(LINGER_SECONDS)
+        left = min(unread, LINGER)
+        with contextlib.suppress(OSError):
+            while left > 0:
+                chunk = self.rfile.read1(min(left, 65536))
+                if not chunk:
+                    break
+                left -= len(chunk)
 
     def log_message(self, format: str, *args: Any) -> None:
         # http.server's own lines (bad request lines, oversized headers) as events too.
