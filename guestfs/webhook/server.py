@@ -86,6 +86,10 @@ class WebhookServer(ThreadingHTTPServer):
         self.certificate, self.options, self.limits = certificate, options, limits
         self.slots = threading.BoundedSemaphore(limits.max_connections)
         self.stopping = threading.Event()
+        # http.server listens on IPv4 only; "::" (every address, both families on Linux)
+        # and any IPv6 address need an IPv6 socket.
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:

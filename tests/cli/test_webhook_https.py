@@ -313,3 +313,38 @@ def test_bad_command_lines_are_one_line_errors(certs, tmp_path):
                           "--tls-key", str(pair.key)], capture_output=True, text=True,
                          timeout=30, cwd=REPO)
     assert out.returncode == 1 and "none.crt" in out.stderr, out.stderr
+
+
+def test_connections_past_the_bound_are_closed_at_once_and_served_again_later(certs):
+    ca, pair = certs
+    with running(pair, ca.cert, {"--max-connections": "4", "--request-timeout": "1.5"}) as w:
+        held = [socket.create_connection(("127.0.0.1", w.port), timeout=30) for _ in range(4)]
+        try:
+            time.sleep(0.3)                 # accepted, each in its handshake
+            with socket.create_connection(("127.0.0.1", w.port), timeout=30) as extra:
+                t = time.monotonic()
+                assert extra.recv(1) == b""
+                assert time.monotonic() - t < 1.0
+            assert any(e["event"] == "connection-refused" for e in w.events())
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.3)
+        assert w.request("GET", "/healthz")[0] == 200
+
+
+def test_it_listens_on_ipv6_too(certs, tmp_path):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+    ca = make_ca(tmp_path)
+    pair = issue(ca, tmp_path, san="IP:::1")
+    with running(pair, ca.cert, {"--listen": "[::1]:0"}) as w:
+        ctx = ssl.create_default_context(cafile=str(ca.cert))
+        with socket.create_connection(("::1", w.port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="::1") as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_all(s).endswith(b"\r\n\r\nok\n")
