@@ -13,8 +13,10 @@ import logging
 import os
 import socket
 import ssl
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -105,6 +107,14 @@ class WebhookServer(ThreadingHTTPServer):
         except Exception:
             self.slots.release()
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver's default prints a traceback over many lines; the log stays one
+        # JSON object a line, naming where it failed.
+        e = sys.exc_info()[1]
+        where = traceback.extract_tb(e.__traceback__)[-1] if e is not None else None
+        event(logging.ERROR, "handler-failed", client=client_address[0],
+              error=repr(e)[:200], at=f"{where.filename}:{where.lineno}" if where else "")
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         deadline = Deadline(request, self.limits.timeout)

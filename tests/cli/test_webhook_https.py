@@ -348,3 +348,41 @@ def test_it_listens_on_ipv6_too(certs, tmp_path):
                 ctx.wrap_socket(raw, server_hostname="::1") as s:
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             assert read_all(s).endswith(b"\r\n\r\nok\n")
+
+
+def test_a_failure_inside_the_handler_is_one_log_line_and_the_server_serves_on(
+        certs, monkeypatch, caplog):
+    """In process, with admission itself broken: the connection is closed unanswered (the
+    API server then applies failurePolicy: Ignore), the log says where in one JSON line,
+    and the next request is served."""
+    import logging
+
+    from guestfs.webhook import server
+    from guestfs.webhook.inject import Options
+
+    ca, pair = certs
+
+    def broken(*_args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(server, "admit", broken)
+    caplog.set_level(logging.DEBUG, logger="guestfs.webhook")
+    srv = server.serve(("127.0.0.1", 0), server.Certificate(str(pair.cert), str(pair.key)),
+                       Options(), server.Limits(1 << 20, TIMEOUT, 8))
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca.cert))
+        port = srv.server_address[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(b"POST /mutate HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+            assert read_all(s) == b""
+        failed = [json.loads(r.getMessage()) for r in caplog.records
+                  if "handler-failed" in r.getMessage()]
+        (line,) = failed
+        assert line["error"] == "RuntimeError('boom')" and "test_webhook_https.py" in line["at"]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+            assert read_all(s).endswith(b"ok\n")
+    finally:
+        server.stop(srv)

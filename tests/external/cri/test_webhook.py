@@ -5,7 +5,8 @@ arguments, on 127.0.0.1, with a CA made here), the patch applied and the pod val
 against the Kubernetes schema, then started through containerd's CRI beside the DaemonSet
 (container/k8s/daemonset): its app, from a busybox image and from a Debian userland, reads
 its own limits in files and system calls (MemTotal = its limit, nproc = its CPUs). A pod of
-a namespace without the label is left alone and reads the node's."""
+a namespace without the label is left alone and reads the node's. A Job's pod and one with
+init containers and a native sidecar are mutated and started alike."""
 
 from __future__ import annotations
 
@@ -75,12 +76,14 @@ def created(webhook, shape: str, tmp_path: Path) -> tuple[Path, list[dict]]:
     return path, ops
 
 
-@pytest.mark.parametrize("app", ["busybox", "debian"])
-def test_a_deployments_pod_in_a_labelled_namespace_reads_its_limits(
-        cri_node, guestfs_daemonset, webhook, app, tmp_path):
+@pytest.mark.parametrize(("shape", "app"), [("deployment", "busybox"),
+                                           ("deployment", "debian"), ("job", "debian")])
+def test_a_pod_in_a_labelled_namespace_reads_its_limits(
+        cri_node, guestfs_daemonset, webhook, shape, app, tmp_path):
+    """A Deployment's pod, and a Job's (restartPolicy: Never, a volume of its own)."""
     image, tools = APPS[app]
-    path, ops = created(webhook, "deployment", tmp_path)
-    print(f"deployment pod: {len(ops)} JSONPatch ops")
+    path, ops = created(webhook, shape, tmp_path)
+    print(f"{shape} pod: {len(ops)} JSONPatch ops")
     assert ops
     plan = translate(path, images={APP: image}, programs={"app": probe.program(tools)})
     assert plan.namespace == "team-a"
