@@ -11,9 +11,11 @@ from typing import Any
 from guestfs.webhook import patch
 from guestfs.webhook.files import DEFAULT_FILES, DEFAULT_SOURCE, InjectedFile, choose
 
-# The opt-in and opt-out annotation (the OCI hook's too): "true" selects a pod in any
-# namespace the webhook is called for, "false" skips it even in a selected namespace.
+# The opt-in and opt-out annotation (the OCI hook's too, whose hooks.d file also takes
+# "1"): true selects a pod in any namespace the webhook is called for, false skips it
+# even in a selected namespace.
 ENABLE = "io.guestfs.enable"
+WISHES = {"true": "true", "1": "true", "false": "false", "0": "false"}
 # Set on a mutated pod: the files it was given, so that a rollback can find such pods.
 INJECTED = "io.guestfs.injected"
 
@@ -45,12 +47,12 @@ def decide(pod: dict[str, Any], namespace_selected: bool, options: Options) -> D
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = meta.get("annotations") or {}
-    wish = annotations.get(ENABLE)
+    given = annotations.get(ENABLE)
+    wish = WISHES.get(given) if isinstance(given, str) else None
     warnings: list[str] = []
-    if wish not in (None, "true", "false"):
-        warnings.append(f"guestfs: annotation {ENABLE}={wish!r} is neither \"true\" nor "
+    if given is not None and wish is None:
+        warnings.append(f"guestfs: annotation {ENABLE}={given!r} is neither \"true\" nor "
                         "\"false\"; ignored")
-        wish = None
     if wish == "false":
         return Decision((), tuple(warnings), f"{ENABLE}=false")
     if not namespace_selected and wish != "true":

@@ -232,6 +232,12 @@ def test_an_odd_annotation_value_is_ignored_with_a_warning():
     assert d.ops == () and "neither" in d.warnings[0]
     d = decide(pod, namespace_selected=True, options=Options())
     assert d.ops and "neither" in d.warnings[0]
+    # The OCI hook's hooks.d file takes "1" for true: so does the webhook, and "0" for false.
+    for value, selected, injected in (("1", False, True), ("0", True, False),
+                                      ("true", False, True), ("false", True, False)):
+        pod["metadata"]["annotations"] = {ENABLE: value}
+        d = decide(pod, namespace_selected=selected, options=Options())
+        assert bool(d.ops) is injected and d.warnings == (), value
 
 
 @pytest.mark.parametrize("body,message", [
