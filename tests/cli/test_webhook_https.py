@@ -386,3 +386,45 @@ def test_a_failure_inside_the_handler_is_one_log_line_and_the_server_serves_on(
             assert read_all(s).endswith(b"ok\n")
     finally:
         server.stop(srv)
+
+
+def test_make_certs_sh_apply_makes_the_secret_and_patches_both_ca_bundles(tmp_path):
+    """With a kubectl on PATH that records what it is asked (no cluster here): the Secret
+    is the one the Deployment mounts, and the JSONPatch, applied to the shipped
+    configuration, sets the CA as the caBundle of both webhooks."""
+    import base64
+    import os
+    import subprocess
+
+    import yaml
+
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "kubectl"
+    fake.write_text('#!/bin/sh\n{ printf "%s\\0" "$@"; printf "\\n--stdin--\\n"; '
+                    'if [ "$1" = apply ]; then cat; fi; printf "\\n--end--\\n"; } >> '
+                    f'{calls}\nif [ "$1" = -n ]; then echo "kind: Secret"; fi\n')
+    fake.chmod(0o755)
+    script = REPO / "container" / "k8s" / "webhook" / "make-certs.sh"
+    out = subprocess.run(["bash", str(script), "--dir", str(tmp_path / "certs"), "--apply"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stderr
+    records = calls.read_text().split("\n--end--\n")
+    argvs = [r.split("\n--stdin--\n")[0].split("\0")[:-1] for r in records if r.strip()]
+    create, apply, patch = argvs
+    assert create[:6] == ["-n", "kube-system", "create", "secret", "tls", "guestfs-webhook-tls"]
+    assert apply == ["apply", "-f", "-"]
+    assert patch[:5] == ["patch", "mutatingwebhookconfiguration", "guestfs-webhook", "--type",
+                         "json"]
+    ops = json.loads(patch[6])
+    config = yaml.safe_load((REPO / "container" / "k8s" / "webhook" / "base" /
+                             "webhook.yaml").read_text())
+    patched = jsonpatch.apply(config, ops)
+    bundle = base64.b64encode((tmp_path / "certs" / "ca.crt").read_bytes()).decode()
+    assert [h["clientConfig"]["caBundle"] for h in patched["webhooks"]] == \
+        [bundle] * len(config["webhooks"])
+    import kubernetes_validate
+
+    kubernetes_validate.validate(patched, "1.33", strict=True)
