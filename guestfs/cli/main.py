@@ -21,7 +21,7 @@ SELF_COLLECTING = ("run", "mount")
 # when it runs (`guestfs run`'s start-up is its app's wait).
 MODULE_OF = {"explain": "explain", "show": "show", "mount": "mount", "run": "run",
              "attach": "attach", "oci-hook": "oci_hook", "seccomp-agent": "seccomp",
-             "seccomp-guard": "seccomp", "fuse-holder": "fuse_holder"}
+             "seccomp-guard": "seccomp", "fuse-holder": "fuse_holder", "webhook": "webhook"}
 
 
 def commands(only: str | None = None) -> tuple[ModuleType, ...]:

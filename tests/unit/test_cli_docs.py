@@ -25,12 +25,14 @@ PAGES = {
     "oci-hook": ["docs/deploy.md"],
     "seccomp-agent": ["docs/syscalls.md"],
     "seccomp-guard": ["docs/syscalls.md"],
+    "webhook": ["docs/deploy.md"],
 }
 # Options deliberately left out of --help (argparse.SUPPRESS), with the reason. None today.
 HIDDEN: dict[tuple[str, str], str] = {}
 # What README states as the default of an option, worked out from the code by hand:
 # guestfs/__init__.py (DEFAULT_MOUNTPOINT, DEFAULT_HOOK_SOURCE), daemon/server.py
-# (DEFAULT_VIEW, DEFAULT_CACHE_TTL), options.py (run's view, "ceil"), cli.py.
+# (DEFAULT_VIEW, DEFAULT_CACHE_TTL), options.py (run's view, "ceil"), cli.py, webhook/files.py
+# and cli/webhook.py (the webhook's).
 README_DEFAULTS = {
     ("mount", "--view"): "caller",
     ("run", "--view"): "self",
@@ -45,6 +47,12 @@ README_DEFAULTS = {
     ("seccomp-agent", "--source"): "/var/lib/guestfs/by-container",
     ("seccomp-agent", "--cpu-affinity"): "view",
     ("seccomp-guard", "--dir"): "/run/guestfs-seccomp",
+    ("webhook", "--source"): "/var/lib/guestfs/by-caller",
+    ("webhook", "--files"): "meminfo,cpuinfo,stat,uptime,loadavg,swaps,diskstats,online",
+    ("webhook", "--seccomp-profile"): "guestfs-notify.json",
+    ("webhook", "--max-request-bytes"): "3145728",
+    ("webhook", "--request-timeout"): "10",
+    ("webhook", "--max-connections"): "128",
     ("explain", "--cpu-rounding"): "ceil",
     ("explain", "--memory-divisor"): "1",
 }

@@ -1,5 +1,5 @@
 """The package's imports run one way (README's Architecture): system <- sources <- engine
-<- render <- daemon, syscalls <- wrap, inject <- cli; stages of one rank never import each
+<- render <- daemon, syscalls <- wrap, inject, webhook <- cli; stages of one rank never import each
 other, renderers import only pure modules (an allowlist), and no module imports itself
 back through a cycle. Read with ast, so a function-level import counts as much as a top
 one."""
@@ -14,9 +14,10 @@ from tests.support.paths import REPO
 PKG = REPO / "guestfs"
 # Rank of each stage: a module may import its own stage or a lower one, never a higher,
 # nor another stage of its own rank. fuse/ (the FUSE protocol engine) sits just below the
-# daemon, which may use it.
+# daemon, which may use it. webhook/ (the admission webhook) runs in a cluster's control
+# plane, not on a node: it may import nothing of guestfs but itself (checked below).
 STAGES = {"system": 0, "sources": 1, "engine": 2, "render": 3, "fuse": 4, "daemon": 5,
-          "syscalls": 5, "wrap": 6, "inject": 6, "cli": 7}
+          "syscalls": 5, "wrap": 6, "inject": 6, "webhook": 6, "cli": 7}
 PACKAGE = -1   # guestfs/__init__.py: the version and default paths, beneath everything
 TOP = 8        # guestfs/__main__.py, _boot.py: the entry points, above every stage
 # What a renderer may import from outside render/: the engine's results and the pure
@@ -81,6 +82,15 @@ def test_peers_of_one_rank_never_import_each_other():
                     if _stage(m) in STAGES and _stage(i) in STAGES
                     and _stage(m) != _stage(i) and _rank(m) == _rank(i))
     assert across == []
+
+
+def test_the_webhook_imports_nothing_of_guestfs_but_itself():
+    """Its image needs neither FUSE nor the node's /proc: no daemon, FUSE, source or
+    system module may come in with it."""
+    outside = sorted(f"{m} -> {i}" for m, deps in _graph().items()
+                     if _stage(m) == "webhook" for i in deps if _stage(i) != "webhook")
+    assert outside == []
+    assert any(_stage(m) == "webhook" for m in _graph())
 
 
 def test_every_stage_folder_says_its_purpose():
