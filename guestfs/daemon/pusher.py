@@ -9,7 +9,8 @@ attributes until those expire, or until the daemon invalidates them, after which
 reader's access asks again (and watches it again). So a file nobody reads costs at most
 one more rendering after its last read's attributes, a daemon whose files are not read
 does not wake at all, and a file the kernel forgot (ENOENT from the notification) is
-simply dropped.
+simply dropped. An EAGAIN from ``invalidate`` (the kernel is still taking in the reply
+that named the inode) keeps the file watched and the invalidation is sent again.
 
 Each wake-up renders at most ``batch`` due files, pausing ``pace`` seconds before the
 next batch, so thousands of per-container files never hold the interpreter for long
@@ -38,6 +39,7 @@ CHANGED, SAME, HELD, GONE = "changed", "same", "held", "gone"
 class _Watch:
     expires: float      # the kernel's attributes of the file expire then
     due: float          # its rendering's freshness deadline (or a held retry)
+    pending: bool = False   # changed, and the kernel not yet told (EAGAIN): tell it
 
 
 class Pusher:
@@ -59,7 +61,7 @@ class Pusher:
         # Shown in the status file: renderings made by the pusher, inodes invalidated,
         # notifications for inodes the kernel had forgotten, and failed ones.
         self.counts: Counter[str] = Counter(refreshed=0, invalidated=0, forgotten=0,
-                                            failed=0)
+                                            retried=0, failed=0)
 
     def __len__(self) -> int:
         return len(self._watched)
@@ -92,7 +94,12 @@ class Pusher:
                 del self._watched[path]       # the kernel asks again before using them
             due = sorted((w.due, p) for p, w in self._watched.items() if w.due <= now)
         for _, path in due[:self.batch]:
-            self._refresh_one(path, now)
+            with self._cond:
+                watch = self._watched.get(path)
+            if watch is not None and watch.pending:
+                self._tell(path, now)
+            else:
+                self._refresh_one(path, now)
         if len(due) > self.batch:
             return now + self.pace
         with self._cond:
@@ -108,18 +115,7 @@ class Pusher:
             outcome, next_due = SAME, now + self.valid_for
         self.counts["refreshed"] += 1
         if outcome == CHANGED:
-            with self._cond:
-                # Invalidated: the kernel asks again at the next access (watched again).
-                self._watched.pop(path, None)
-            err = self._invalidate(path)
-            if err == 0:
-                self.counts["invalidated"] += 1
-            elif err == errno.ENOENT:
-                self.counts["forgotten"] += 1    # the kernel had dropped the inode
-            else:
-                self.counts["failed"] += 1
-                log.debug("FUSE_NOTIFY_INVAL_INODE for %s: %s", path, errno.errorcode.get(
-                    err, err))
+            self._tell(path, now)
             return
         with self._cond:
             watch = self._watched.get(path)
@@ -129,6 +125,30 @@ class Pusher:
                 # Never at once again: a rendering made just at its view's deadline can
                 # come back from a cache that has not expired it yet, due as before.
                 watch.due = max(next_due, now + self.pace)
+
+    def _tell(self, path: str, now: float) -> None:
+        """Invalidate ``path``'s inode: the kernel asks again at its next access, which
+        watches it again."""
+        with self._cond:
+            watch = self._watched.pop(path, None)
+        err = self._invalidate(path)
+        if err == 0:
+            self.counts["invalidated"] += 1
+        elif err == errno.ENOENT:
+            self.counts["forgotten"] += 1    # the kernel had dropped the inode
+        elif err == errno.EAGAIN:
+            self.counts["retried"] += 1
+            with self._cond:
+                # Even if a GETATTR watched it again meanwhile: that reply may carry the
+                # attributes of before the change too.
+                watch = self._watched.get(path, watch)
+                if watch is not None:
+                    watch.pending, watch.due = True, now + self.pace
+                    self._watched[path] = watch
+        else:
+            self.counts["failed"] += 1
+            log.debug("FUSE_NOTIFY_INVAL_INODE for %s: %s", path,
+                      errno.errorcode.get(err, err))
 
     # ------------------------------------------------------------ the thread
 

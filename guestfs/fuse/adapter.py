@@ -160,7 +160,15 @@ class Notifier:
         nodeid = self._session.inodes.nodeid(path)
         if nodeid is None:     # never looked up, or forgotten: nothing cached to drop
             return errno.ENOENT
-        return self._session.notify_inval_inode(nodeid, 0 if pages else -1, 0)
+        err = self._session.notify_inval_inode(nodeid, 0 if pages else -1, 0)
+        if err == errno.ENOENT and self._session.inodes.nodeid(path) == nodeid:
+            # Looked up and not forgotten, yet unknown to the kernel: the reply that
+            # named it is still being taken in (measured: a notification sent while the
+            # kernel made the inode of a LOOKUP just answered failed so, and the
+            # attributes that reply carried then stayed cached). Not yet, rather than
+            # never: the caller tries again.
+            return errno.EAGAIN
+        return err
 
     def inval_entry(self, parent: str, name: str) -> int:
         """Drop the kernel's entry ``name`` of directory ``parent``

@@ -221,3 +221,32 @@ def test_no_pushing_without_the_page_cache_or_at_a_ttl_polling_matches(monkeypat
     ops.disable_page_cache("a client without no_open")
     assert ops.pusher is None and ops.attr_valid("/proc/meminfo") is None
     s.close()
+
+
+def test_an_inode_the_kernel_is_still_taking_in_is_told_again():
+    """ENOENT for an inode looked up and not forgotten means the kernel has not made it
+    yet from the reply that named it (EAGAIN from the notifier): the pusher tells it
+    again, without rendering, and stops once it is told."""
+    f = Fake()
+    p = Pusher(f.refresh, f.invalidate, valid_for=5.0, pace=0.01)
+    f.outcome = {"/a": (CHANGED, 1.0)}
+    f.answer = errno.EAGAIN
+    p.watch("/a", due=0.5, now=0.0)
+    assert p.tick(0.5) == 0.51 and p.watched() == ["/a"]
+    assert p.tick(0.51) == 0.52 and f.refreshed == ["/a"]     # told again, not rendered
+    f.answer = 0
+    assert p.tick(0.52) is None and f.invalidated == ["/a"] * 3
+    assert (p.counts["retried"], p.counts["invalidated"]) == (2, 1)
+
+
+def test_the_notifier_says_not_yet_for_a_looked_up_inode_the_kernel_does_not_know():
+    s = PipeSession(TinyFs())
+    (r,) = s.ask(frame(abi.LOOKUP, b"d\0"))
+    assert r.error == 0
+    notifier = adapter.Notifier(s.session)
+    s.session.notify_inval_inode = lambda nodeid, off=0, length=0: errno.ENOENT
+    assert notifier.inval_inode("/d") == errno.EAGAIN
+    assert notifier.inval_inode("/never-looked-up") == errno.ENOENT
+    s.session.inodes.forget(path_id("/d"), 1)
+    assert notifier.inval_inode("/d") == errno.ENOENT     # forgotten: nothing cached
+    s.close()
