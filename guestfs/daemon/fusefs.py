@@ -11,9 +11,14 @@ Two ways of serving (docs/mount.md, "How reads are served"):
   which that open then serves (reported_size: sendfile, splice and mmap stop at it);
 - page cache (a fixed view, or a per-container directory: every reader of a file gets the
   same bytes): open answers ENOSYS, so the kernel stops sending OPEN for the connection
-  (no_open) and serves reads from its page cache; the daemon renders on the GETATTR that
-  follows the attribute timeout once the rendering's freshness deadline has passed, and a
-  new mtime makes the kernel drop the old pages.
+  (no_open) and serves reads from its page cache. Freshness is polled or pushed:
+  - polled (libfuse): the daemon renders on the GETATTR that follows the 10 ms attribute
+    timeout once the rendering's freshness deadline has passed, and a new mtime makes the
+    kernel drop the old pages;
+  - pushed (guestfs's engine, which can send notifications): attributes are kept for
+    PUSHED_VALID, the daemon re-renders the files the kernel holds as their deadlines
+    pass and invalidates a file's inode when its bytes change (daemon/pusher.py); files
+    rendered per read (/proc/stat, uptime, the status) are still polled.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from types import ModuleType
 from typing import Any
 
 from guestfs.daemon.daemon_status import STATUS_PATH
-from guestfs.daemon.kernel_entries import EntryDropper, SessionEntryDropper
+from guestfs.daemon.kernel_entries import EntryDropper
+from guestfs.daemon.pusher import CHANGED, GONE, HELD, SAME, Pusher
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
-from guestfs.daemon.server import UnseenReader, ViewServer
+from guestfs.daemon.server import UNCACHED, UnseenReader, ViewServer
 from guestfs.render.served import SERVED_FILES
 from guestfs.sources.containerdirs import (
     BadKey,
@@ -62,6 +68,13 @@ LAYOUTS = ("per-caller", "fixed", "per-container")
 # (--cache-ttl), so a changed limit shows within --cache-ttl + 10 ms. One value for every
 # file, set once at start: libfuse3 sends the same attribute timeout with every reply.
 REVALIDATE = 0.01
+# Pushed freshness (guestfs's engine): how long the kernel keeps a page-cached file's
+# attributes and entries, since the daemon tells it when a rendering changes. What it
+# still bounds: a file read without pause is rendered once more per PUSHED_VALID even
+# when unchanged; a daemon's pushing stops that long after the last read; and after a
+# daemon without a holder dies, its last renderings may be served that long before
+# readers get "Transport endpoint is not connected".
+PUSHED_VALID = 5.0
 # libfuse3's capability bits (fuse_common.h): the kernel offers no_open since Linux 3.14;
 # libfuse3 wants auto_inval_data by default wherever it is offered.
 CAP_AUTO_INVAL_DATA = 1 << 12
@@ -164,7 +177,12 @@ class GuestOperations:
         self._config: Any = None
         self._known: dict[str, str] = {}   # per-container: key -> cgroup path
         self._gone: dict[str, float] = {}  # key -> when its cgroup was first seen gone
-        self._dropper: EntryDropper | SessionEntryDropper = EntryDropper(fuse)
+        self._dropper = EntryDropper(fuse)
+        # Pushed freshness: set up by use_notifier (guestfs's engine) on a page-cached
+        # layout; None while polled.
+        self.pusher: Pusher | None = None
+        self._notifier: Any = None
+        self._polled_entry_timeout: float | None = None
         # Vanished containers forgotten, and of those whose kernel entry was dropped.
         self.vanished = Counter(forgotten=0, entries_dropped=0)
         if self.per_container:
@@ -228,11 +246,6 @@ class GuestOperations:
         if self._on_init is not None:
             self._on_init()
 
-    def attach_session(self, session: Any) -> None:
-        """guestfs's engine hands its session over before it serves (fuse/adapter.py):
-        vanished containers' entries are dropped through it."""
-        self._dropper = SessionEntryDropper(session)
-
     def _note_idmap(self, conn: Any) -> None:
         # Only guestfs's engine can negotiate FUSE_ALLOW_IDMAP (its ConnInfo says so);
         # libfuse's fuse_conn_info has no such field, and without it the kernel refuses
@@ -269,9 +282,69 @@ class GuestOperations:
         """Back to direct_io and per-open renderings (a client without no_open)."""
         self.page_cache = False
         self._server.serving["page_cache"] = False
+        self._stop_pushing()
         if self._config is not None:
             self._config.attr_timeout = self._direct_timeout
         log.warning("%s: serving every read through the daemon (direct_io)", why)
+
+    # ------------------------------------------------------------ pushed freshness
+
+    def use_notifier(self, notifier: Any) -> None:
+        """guestfs's engine can notify the kernel (fuse/adapter.py's Notifier): a
+        page-cached layout then pushes its freshness instead of having it polled. Not
+        with a --cache-ttl at or below the polling period: pushing would render more
+        often than polling asks."""
+        self._notifier = notifier
+        if not self.page_cache or self._server.config.cache_ttl <= REVALIDATE \
+                or self.pusher is not None:
+            return
+        self.pusher = Pusher(self._refresh, notifier.inval_inode, PUSHED_VALID)
+        self._server.serving["push"] = self.pusher.counts
+        if self._config is not None:
+            # Entries too: a walk to a file whose entry expired is a LOOKUP, answered
+            # with a rendering like a GETATTR.
+            self._polled_entry_timeout = self._config.entry_timeout
+            self._config.entry_timeout = max(self._config.entry_timeout, PUSHED_VALID)
+        self.pusher.start()
+        log.info("page-cached files: freshness pushed (FUSE_NOTIFY_INVAL_INODE), "
+                 "attributes kept %gs", PUSHED_VALID)
+
+    def _stop_pushing(self) -> None:
+        if self.pusher is None:
+            return
+        self.pusher.stop()
+        self.pusher = None
+        self._server.serving.pop("push", None)
+        if self._config is not None and self._polled_entry_timeout is not None:
+            self._config.entry_timeout = self._polled_entry_timeout
+
+    def _rendered_per_read(self, path: str) -> bool:
+        if path == STATUS_PATH:
+            return True
+        sub = path.partition("/")[2].partition("/")[2] if self.per_container else path[1:]
+        return f"/{sub}" in UNCACHED
+
+    def attr_valid(self, path: str) -> float | None:
+        """The attribute timeout of ``path``'s replies (guestfs's engine asks): polled
+        for the files rendered per read, PUSHED_VALID for the rest (and directories)
+        while pushing; else the one timeout of the config."""
+        if self.pusher is None:
+            return None
+        return REVALIDATE if self._rendered_per_read(path) else PUSHED_VALID
+
+    def _refresh(self, path: str, now: float) -> tuple[str, float]:
+        """The pusher's rendering of a watched file: (what changed, when it is next
+        due)."""
+        try:
+            cgroup, sub = self._split(path)
+        except OSError:
+            return GONE, now           # a per-container key no longer served
+        old = self.generations.get(path)
+        deadline, data = self._render(sub, cgroup)
+        gen, held = self.generations.offer(path, deadline, data, now)
+        if held:
+            return HELD, now + self.generations.hold
+        return (SAME if gen is old else CHANGED), gen.deadline
 
     # ------------------------------------------------------------ vanished containers
 
@@ -297,10 +370,15 @@ class GuestOperations:
         self._gone.pop(key, None)
         cgroup = self._known.pop(key, None)
         self.generations.forget(f"/{key}{f}" for f in self._files)
+        if self.pusher is not None:
+            self.pusher.forget(f"/{key}{f}" for f in self._files)
         if cgroup is not None:
             self._server.forget(cgroup)
         self.vanished["forgotten"] += 1
-        if self._dropper.drop(key):
+        # guestfs's engine notifies itself; with libfuse3, through libfuse's session.
+        dropped = self._notifier.inval_entry("/", key) == 0 if self._notifier is not None \
+            else self._dropper.drop(key)
+        if dropped:
             self.vanished["entries_dropped"] += 1
 
     # ------------------------------------------------------------ paths
@@ -348,6 +426,9 @@ class GuestOperations:
             raise self._error(errno.ENOENT)
         if self.page_cache:
             gen = self._current(path, cgroup, sub)
+            pusher = self.pusher
+            if pusher is not None and not self._rendered_per_read(path):
+                pusher.watch(path, gen.deadline)   # the kernel holds these attributes
             return {"st_mode": FILE_MODE, "st_nlink": 1, "st_size": len(gen.data),
                     "st_mtime": gen.mtime_ns, "st_ctime": gen.mtime_ns,
                     "st_atime": gen.mtime_ns}

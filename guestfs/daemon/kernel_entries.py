@@ -5,15 +5,15 @@ memory runs short, and libfuse keeps a node per inode until the kernel forgets i
 per-container directory read (a few KB each container, for ever after it is gone). When
 the daemon forgets a vanished container it asks the kernel to drop its directory's entry,
 so the kernel forgets the subtree's inodes and libfuse frees their nodes. With guestfs's
-own engine its session sends the notification (SessionEntryDropper); with libfuse3
-through mfusepy, libfuse does (EntryDropper); libfuse2's call takes a channel and fusepy
-exposes neither: there a no-op, and the entries go when the kernel reclaims them.
+own engine it sends the notification itself (fuse/adapter.py's Notifier, used by
+fusefs.forget_vanished); with libfuse3 through mfusepy, libfuse does (EntryDropper);
+libfuse2's call takes a channel and fusepy exposes neither: there a no-op, and the
+entries go when the kernel reclaims them.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 from types import ModuleType
 from typing import Any
@@ -63,19 +63,3 @@ class EntryDropper:
             log.debug("notify_inval_entry(%s) = %d", name, rc)
         return rc == 0
 
-
-class SessionEntryDropper:
-    """EntryDropper's job through guestfs's engine (guestfs/fuse/session.py), which
-    writes FUSE_NOTIFY_INVAL_ENTRY on its connection itself."""
-
-    def __init__(self, session: Any) -> None:
-        self._session = session
-
-    def capture(self) -> None:
-        """Nothing to find: the session is known from the start."""
-
-    def drop(self, name: str) -> bool:
-        rc = self._session.notify_inval_entry(FUSE_ROOT_ID, name)
-        if rc not in (0, errno.ENOENT):   # the kernel had already forgotten it
-            log.debug("notify_inval_entry(%s) = %d", name, rc)
-        return rc == 0

@@ -147,13 +147,52 @@ def _checked(rc: Any) -> Any:
     return rc
 
 
+class Notifier:
+    """The kernel notifications an operations object may send, by path: what it is given
+    (``use_notifier``) once INIT is answered or a taken-over connection serves. Each
+    returns 0 or the errno the kernel answered with (ENOENT: it holds no such inode or
+    entry, the normal answer for one it has forgotten)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def inval_inode(self, path: str, pages: bool = True) -> int:
+        """Drop ``path``'s cached attributes, and its cached pages unless ``pages`` is
+        False (FUSE_NOTIFY_INVAL_INODE)."""
+        nodeid = self._session.inodes.nodeid(path)
+        if nodeid is None:     # never looked up, or forgotten: nothing cached to drop
+            return errno.ENOENT
+        err = self._session.notify_inval_inode(nodeid, 0 if pages else -1, 0)
+        if err == errno.ENOENT and self._session.inodes.nodeid(path) == nodeid:
+            # Looked up and not forgotten, yet unknown to the kernel: the reply that
+            # named it is still being taken in (measured: a notification sent while the
+            # kernel made the inode of a LOOKUP just answered failed so, and the
+            # attributes that reply carried then stayed cached). Not yet, rather than
+            # never: the caller tries again.
+            return errno.EAGAIN
+        return err
+
+    def inval_entry(self, parent: str, name: str) -> int:
+        """Drop the kernel's entry ``name`` of directory ``parent``
+        (FUSE_NOTIFY_INVAL_ENTRY): the kernel then forgets the inodes under it."""
+        nodeid = self._session.inodes.nodeid(parent)
+        if nodeid is None:
+            return errno.ENOENT
+        return self._session.notify_inval_entry(nodeid, name)
+
+
 class OperationsFilesystem:
-    """session.Filesystem over an mfusepy-style (raw_fi) operations object."""
+    """session.Filesystem over an mfusepy-style (raw_fi) operations object. Beyond
+    mfusepy's API, an object may define ``use_notifier(Notifier)`` (called after its
+    init) and ``attr_valid(path)``, the attribute timeout of one path's replies (None:
+    the config's), which libfuse's one timeout for every reply cannot offer."""
 
     def __init__(self, ops: Any, attr_timeout: float = 1.0, entry_timeout: float = 1.0) -> None:
         self.ops = ops
         self.config = Config(attr_timeout, entry_timeout)
         self.use_ns = bool(getattr(ops, "use_ns", False))
+        self.session: Session | None = None     # set by FUSE once it has one
+        self._attr_valid = self._op("attr_valid")
 
     @property
     def entry_timeout(self) -> float:
@@ -177,10 +216,14 @@ class OperationsFilesystem:
             self._call("init_with_config", ConnInfo(negotiated), self.config)
         elif self._op("init") is not None:
             self._call("init", "/")
+        if self.session is not None and self._op("use_notifier") is not None:
+            self._call("use_notifier", Notifier(self.session))
 
     def getattr(self, path: str, fh: int | None) -> tuple[abi.Attr, float]:
         attrs = self._call("getattr", path, None if fh is None else FileInfo(fh))
-        return to_attr(attrs, self.use_ns), float(self.config.attr_timeout)
+        valid = self._attr_valid(path) if self._attr_valid is not None else None
+        return to_attr(attrs, self.use_ns), float(
+            self.config.attr_timeout if valid is None else valid)
 
     def open(self, path: str, flags: int) -> Opened:
         fi = FileInfo(flags=flags)
@@ -329,9 +372,7 @@ class FUSE:
             negotiated=Negotiated.from_json(given) if given else None, wake_fd=wake_w,
             on_init=(lambda neg: told(neg.to_json())) if told else None,
             resolver=options.get("resolver"))
-        attach = getattr(operations, "attach_session", None)
-        if attach is not None:
-            attach(self.session)   # what the operations send the kernel themselves
+        fs.session = self.session
         try:
             run_session(self.session, wake_r)
         finally:

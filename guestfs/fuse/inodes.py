@@ -68,6 +68,16 @@ class InodeTable:
         node = self._nodes.get(nodeid)
         return None if node is None else node.path
 
+    def nodeid(self, path: str) -> int | None:
+        """The node id the kernel holds for ``path``, if it holds one (a notification's
+        target)."""
+        return abi.ROOT_ID if path == "/" else self._ids.get(path)
+
+    def adopted(self) -> list[int]:
+        """The ids named from a predecessor's paths (adopt) and not evicted since."""
+        with self._lock:
+            return [i for i, n in self._nodes.items() if n.count >= ADOPTED // 2]
+
     def remember(self, path: str) -> int:
         """The node id of ``path`` for a LOOKUP reply about to be sent: its count +1."""
         if path == "/":

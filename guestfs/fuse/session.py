@@ -431,9 +431,19 @@ class Session:
             self._resolve(abi.ROOT_ID + 1)
         self.start()
         err = self.notify_resend()
+        self.counts["invalidated at takeover"] += self._invalidate_adopted()
         if self.on_init is not None:
             self.on_init(self.negotiated)    # the holder: this successor serves
         return err
+
+    def _invalidate_adopted(self) -> int:
+        """Drop what the kernel cached from the predecessor: attributes it may keep for
+        long (a filesystem that pushes its changes gives long timeouts) of renderings
+        this process never made, and so could never tell the kernel had changed. After
+        the RESEND, with the workers running: an invalidation waits for the pages being
+        filled, and those fills are requests the predecessor left for us to answer.
+        ENOENT (an id the kernel never held or has forgotten) is the common answer."""
+        return sum(self.notify_inval_inode(nodeid) == 0 for nodeid in self.inodes.adopted())
 
     def _lookup(self, req: Request) -> None:
         parent = self._path(req.nodeid)

@@ -103,11 +103,12 @@ def test_cached_reads_never_reach_the_daemon(layout):
 
 
 @pytest.mark.parametrize("layout", ["fixed", "per-container"])
-def test_a_changed_limit_shows_within_the_ttl(layout):
+@pytest.mark.parametrize("binding", ["auto", "guestfs"])   # polled, pushed freshness
+def test_a_changed_limit_shows_within_the_ttl(layout, binding):
     with v1_cgroup(512 * MiB, 100000, 100000) as cg, private_mountpoint() as mpp:
         mp = str(mpp)
         args, meminfo = layout_args(layout, cg, mp)
-        with mounted(mp, *args, "--cache-ttl", str(TTL)):
+        with mounted(mp, *args, "--cache-ttl", str(TTL), "--fuse-binding", binding):
             held = os.open(meminfo, os.O_RDONLY)
             try:
                 assert mem_total_kb(os.pread(held, 1 << 16, 0)) == 512 * 1024

@@ -105,30 +105,34 @@ def test_at_most_max_vanished_are_kept_the_longest_gone_forgotten_first(copy_fix
     assert ops.vanished["forgotten"] == 2
 
 
-class _Session:
-    """What SessionEntryDropper asks of guestfs's engine: notify_inval_entry, answered as
-    the kernel would (0, or ENOENT for an entry it had already forgotten)."""
+class _Notifier:
+    """What forget_vanished asks of guestfs's engine (fuse/adapter.py's Notifier):
+    inval_entry, answered as the kernel would (0, or ENOENT for an entry it had already
+    forgotten)."""
 
     def __init__(self, answer: int) -> None:
         self.answer, self.sent = answer, []
 
-    def notify_inval_entry(self, parent: int, name: str) -> int:
+    def inval_entry(self, parent: str, name: str) -> int:
         self.sent.append((parent, name))
         return self.answer
 
+    def inval_inode(self, path: str, pages: bool = True) -> int:
+        return errno.ENOENT
+
 
 @pytest.mark.parametrize(("answer", "dropped"), [(0, 1), (errno.ENOENT, 0)])
-def test_with_the_engine_a_forgotten_containers_entry_is_dropped_by_its_session(
+def test_with_the_engine_a_forgotten_containers_entry_is_dropped_by_a_notification(
         copy_fixture, answer: int, dropped: int) -> None:
     root = copy_fixture("k8s-systemd-v2-burstable")
     _srv, ops = mount(root)
-    session = _Session(answer)
-    ops.attach_session(session)
+    notifier = _Notifier(answer)
+    ops._notifier = notifier    # as use_notifier leaves it, without starting the pusher
     key = dir_key(POD)
     assert mem_total(ops, key) == 524288
     shutil.rmtree(root / f"sys/fs/cgroup{POD}")
     ops.forget_vanished(now=1000.0)
-    assert session.sent == []                           # within the grace: kept
+    assert notifier.sent == []                          # within the grace: kept
     ops.forget_vanished(now=1000.0 + fusefs.VANISHED_GRACE)
-    assert session.sent == [(1, key)]                   # the root's entry of that directory
+    assert notifier.sent == [("/", key)]                # the root's entry of that directory
     assert ops.vanished == {"forgotten": 1, "entries_dropped": dropped}
