@@ -25,6 +25,9 @@ import psutil
 from guestfs.fuse.holder import NAME as HOLDER_NAME
 from tests.support.fusemount import is_guestfs_daemon
 
+# A hang guard only, for the longest read: one waiting for a successor that never comes
+# would wait for ever. What the readers measure is printed, and docs/mount.md gives it.
+HANG_S = 5.0
 STOP = "/dev/shm/stop"
 PROGRESS = "/dev/shm/reader.json"
 
