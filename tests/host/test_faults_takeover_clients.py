@@ -4,8 +4,9 @@ beside them), reading a held mount's files bound over /proc in a private mount n
 while the serving daemon is killed with -9 every 10 s (every other kill followed at once by
 a new `guestfs mount --hold MP`, the rest left to the holder). Every sample of every client
 is checked: no error line, the memory total the limit, CPU shares within 0..100 whose idle
-agrees with the cgroup's own usage over the same minute, an uptime that never runs
-backwards, and no sample missing against the time the clients ran."""
+agrees with the cgroup's own usage (cpuacct, sampled by the test) over the second each
+sample covers and over the minute, an uptime that never runs backwards, and no sample
+missing against the time the clients ran."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +37,10 @@ LIMIT = 512 * MiB
 CPUS = 2
 DURATION = 60.0
 KILL_EVERY = 10.0
-# vmstat and mpstat print shares rounded to whole percents; the cgroup's usage and the
-# clients' samples also cover slightly different stretches of the minute (their first
-# sample is dropped, the stop is not at a sample's edge).
+# In percentage points. vmstat prints whole percents and top tenths; the cgroup's usage is
+# sampled every 0.1 s, and a client's sample is stamped only to the second (what its
+# second covered is bounded, not known); the minute's means also differ by the dropped
+# first samples and a stop that is not at a sample's edge.
 IDLE_TOLERANCE = 10.0
 
 
@@ -67,7 +70,7 @@ def clients_script(mp: str, out: Path) -> str:
     lines = ["set -e"] + [f"mount --bind {mp}{b} {b}" for b in binds] + ["set +e"]
     busy = BUSY.format(s=DURATION + 30)
     # stdbuf -oL: a sample is in its file once printed, whenever the client is killed.
-    for name, cmd in (("vmstat", "stdbuf -oL vmstat -n 1"),
+    for name, cmd in (("vmstat", "stdbuf -oL vmstat -n -t 1"),
                       ("top", "stdbuf -oL top -b -d 1 -w 200"), ("free", "stdbuf -oL free -s 1"),
                       ("uptime", "while :; do cat /proc/uptime || echo ERROR; sleep 0.5; done"),
                       ("busy", busy)):
@@ -84,11 +87,14 @@ def start_clients(cg: RealCgroup, mp: str, out: Path) -> subprocess.Popen[bytes]
          clients_script(mp, out)], start_new_session=True)
 
 
-def vmstat_samples(text: str) -> list[dict[str, int]]:
+def vmstat_samples(text: str) -> list[dict[str, float]]:
+    """vmstat -t's rows: its columns, and "at", the local wall-clock second it printed."""
     lines = [ln.split() for ln in text.splitlines() if ln.strip()]
-    header = next(ln for ln in lines if "id" in ln and "us" in ln)
+    header = next(ln for ln in lines if "id" in ln and "us" in ln)[:-1]   # less the zone
     rows = [ln for ln in lines if ln and ln[0].isdigit()]
-    return [dict(zip(header, map(int, r), strict=True)) for r in rows]
+    return [{**dict(zip(header, map(float, r[:len(header)]), strict=True)),
+             "at": time.mktime(time.strptime(" ".join(r[-2:]), "%Y-%m-%d %H:%M:%S"))}
+            for r in rows]
 
 
 def top_frames(text: str) -> list[dict[str, object]]:
@@ -100,8 +106,68 @@ def top_frames(text: str) -> list[dict[str, object]]:
         mem = next(ln for ln in lines if ln.startswith("MiB Mem"))
         frames.append({"cpu": {parts[i + 1]: float(parts[i]) for i in range(0, len(parts), 2)},
                        "total": float(mem.split(":", 1)[1].split()[0]),
-                       "header": lines[0]})
+                       "at": lines[0].split()[0]})            # HH:MM:SS, local time
     return frames
+
+
+def top_time(hms: str, near: float) -> float:
+    """The wall-clock time of a top frame's HH:MM:SS, on the day that puts it nearest to
+    ``near`` (a run across midnight)."""
+    day = time.localtime(near)
+    h, m, sec = map(int, hms.split(":"))
+    t = time.mktime((day.tm_year, day.tm_mon, day.tm_mday, h, m, sec, 0, 0, -1))
+    return min((t - 86400, t, t + 86400), key=lambda x: abs(x - near))
+
+
+class UsageSampler:
+    """The cgroup's own CPU time (cpuacct), every 0.1 s with the wall-clock time, so the
+    busy share of any second of the run can be told afterwards."""
+
+    def __init__(self, cg: RealCgroup) -> None:
+        self.cg, self.rows = cg, [(time.time(), acct_ticks(cg))]
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.1):
+            try:
+                self.rows.append((time.time(), acct_ticks(self.cg)))
+            except OSError:
+                return          # the cgroup removed under a failed test
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _ticks_at(self, t: float) -> float | None:
+        before = [r for r in self.rows if r[0] <= t]
+        after = [r for r in self.rows if r[0] >= t]
+        if not before or not after:
+            return None
+        (t0, u0), (t1, u1) = before[-1], after[0]
+        return u0 if t1 == t0 else u0 + (u1 - u0) * (t - t0) / (t1 - t0)
+
+    def busy_range(self, printed: float) -> tuple[float, float] | None:
+        """The least and greatest busy share (% of the CPUS) of the cgroup over a second
+        ending where a sample printed at wall-clock second ``printed`` may have read its
+        files (a client rounds down, and reads before it prints), or None outside the
+        sampled stretch."""
+        shares = []
+        for tenth in range(-5, 16):
+            end = printed + tenth / 10
+            a, b = self._ticks_at(end - 1.0), self._ticks_at(end)
+            if a is not None and b is not None:
+                shares.append(100.0 * (b - a) / 100.0 / CPUS)
+        return (min(shares), max(shares)) if shares else None
+
+
+def off_by(busy: float, window: tuple[float, float] | None) -> float:
+    """How far a sample's busy share lies outside the cgroup's for that second (0 inside;
+    0 for a sample outside the sampled stretch)."""
+    if window is None:
+        return 0.0
+    return max(0.0, window[0] - busy, busy - window[1])
 
 
 def free_totals(text: str) -> list[int]:
@@ -116,13 +182,15 @@ def test_clients_over_a_minute_see_no_takeover(held_mount: HeldMount, tmp_path: 
     out = tmp_path / "clients"
     out.mkdir()
     kills = 0
+    usage: UsageSampler | None = None
     with v1_cgroup(LIMIT, CPUS * 100000, 100000, cpus="0-1") as cg:
         clients = start_clients(cg, m.mp, out)
         try:
             assert wait_for(lambda: (out / "started").exists() or clients.poll() is not None,
                             15)
             assert clients.poll() is None, "the binds failed"
-            began, ticks_at_start = time.monotonic(), acct_ticks(cg)
+            began, began_wall, ticks_at_start = time.monotonic(), time.time(), acct_ticks(cg)
+            usage = UsageSampler(cg)
             for k in range(int(DURATION // KILL_EVERY)):
                 time.sleep(max(0.0, began + KILL_EVERY / 2 + k * KILL_EVERY - time.monotonic()))
                 victim = m.serving_pid()
@@ -136,6 +204,8 @@ def test_clients_over_a_minute_see_no_takeover(held_mount: HeldMount, tmp_path: 
             time.sleep(max(0.0, began + DURATION - time.monotonic()))
             elapsed, ticks = time.monotonic() - began, acct_ticks(cg) - ticks_at_start
         finally:
+            if usage is not None:
+                usage.stop()
             # The clients never end by themselves; their output is line-buffered (stdbuf),
             # so none is lost with them.
             if clients.poll() is None:
@@ -158,10 +228,18 @@ def test_clients_over_a_minute_see_no_takeover(held_mount: HeldMount, tmp_path: 
     steps = [b - a for a, b in zip(ages, ages[1:], strict=False)]
     vm_idle = sum(s["id"] for s in vm[1:]) / max(1, len(vm) - 1)
     top_idle = sum(f["cpu"]["id"] for f in top[1:]) / max(1, len(top) - 1)  # type: ignore[index]
+    assert usage is not None
+    # Each sample but the first (the clients' start-up, not one second) against the
+    # cgroup's own share of the second it covered.
+    vm_off = [off_by(100 - s["id"], usage.busy_range(s["at"])) for s in vm[1:]]
+    top_off = [off_by(100 - f["cpu"]["id"],                      # type: ignore[index]
+                      usage.busy_range(top_time(str(f["at"]), began_wall))) for f in top[1:]]
     print(f"\nclients over {elapsed:.1f} s, {kills} kill -9s: vmstat {len(vm)}, top {len(top)}, "
           f"free {len(free)} samples of {expected}, uptime {len(up_lines)} reads (longest step "
           f"{max(steps, default=0):.2f} s); idle: "
-          f"vmstat {vm_idle:.1f} %, top {top_idle:.1f} %, cgroup {cgroup_idle:.1f} %")
+          f"vmstat {vm_idle:.1f} %, top {top_idle:.1f} %, cgroup {cgroup_idle:.1f} %; a "
+          f"sample's busy share off the cgroup's second by at most {max(vm_off, default=0):.1f} "
+          f"(vmstat), {max(top_off, default=0):.1f} (top) points")
 
     assert errors == dict.fromkeys(errors, ""), errors
     # A sample a takeover delayed may push the last one past the stop: one per kill.
@@ -182,6 +260,11 @@ def test_clients_over_a_minute_see_no_takeover(held_mount: HeldMount, tmp_path: 
         assert 99.0 <= sum(cpu.values()) <= 101.0, f            # type: ignore[union-attr]
     assert abs(vm_idle - cgroup_idle) <= IDLE_TOLERANCE, (vm_idle, cgroup_idle)
     assert abs(top_idle - cgroup_idle) <= IDLE_TOLERANCE, (top_idle, cgroup_idle)
+    assert max(vm_off) <= IDLE_TOLERANCE, [(s, o) for s, o in zip(vm[1:], vm_off, strict=True)
+                                           if o > IDLE_TOLERANCE]
+    assert max(top_off) <= IDLE_TOLERANCE, [(f, o) for f, o in zip(top[1:], top_off,
+                                                                    strict=True)
+                                            if o > IDLE_TOLERANCE]
 
     ups = [ln.split() for ln in up_lines]
     assert all(len(u) == 2 for u in ups), [ln for ln in up_lines if len(ln.split()) != 2]
