@@ -399,21 +399,28 @@ def test_make_certs_sh_apply_makes_the_secret_and_patches_both_ca_bundles(tmp_pa
     import yaml
 
     calls = tmp_path / "calls"
+    calls.mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "kubectl"
-    fake.write_text('#!/bin/sh\n{ printf "%s\\0" "$@"; printf "\\n--stdin--\\n"; '
-                    'if [ "$1" = apply ]; then cat; fi; printf "\\n--end--\\n"; } >> '
-                    f'{calls}\nif [ "$1" = -n ]; then echo "kind: Secret"; fi\n')
+    # One file a call: the two ends of make-certs.sh's pipe run at once, in either order.
+    fake.write_text('#!/bin/sh\nf=$(mktemp ' + str(calls) + '/call.XXXXXX)\n'
+                    'printf "%s\\0" "$@" > "$f"\n'
+                    # apply reads what it is given, as kubectl does: else the writer
+                    # of the pipe may die of SIGPIPE (exit 141 under pipefail).
+                    'if [ "$1" = apply ]; then cat > /dev/null; fi\n'
+                    'if [ "$1" = -n ]; then echo "kind: Secret"; fi\n')
     fake.chmod(0o755)
     script = REPO / "container" / "k8s" / "webhook" / "make-certs.sh"
     out = subprocess.run(["bash", str(script), "--dir", str(tmp_path / "certs"), "--apply"],
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert out.returncode == 0, out.stderr
-    records = calls.read_text().split("\n--end--\n")
-    argvs = [r.split("\n--stdin--\n")[0].split("\0")[:-1] for r in records if r.strip()]
-    create, apply, patch = argvs
+    argvs = {tuple(p.read_text().split("\0")[:-1]) for p in calls.iterdir()}
+    assert len(argvs) == 3, argvs
+    (create,) = [list(a) for a in argvs if "create" in a]
+    (apply,) = [list(a) for a in argvs if a[0] == "apply"]
+    (patch,) = [list(a) for a in argvs if a[0] == "patch"]
     assert create[:6] == ["-n", "kube-system", "create", "secret", "tls", "guestfs-webhook-tls"]
     assert apply == ["apply", "-f", "-"]
     assert patch[:5] == ["patch", "mutatingwebhookconfiguration", "guestfs-webhook", "--type",
