@@ -327,14 +327,13 @@ class _Guard:  # pragma: no cover - in the guard process (tests/test_seccomp_gua
 def _guard_in_fork(fd: int, successor: tuple[str, str] | None
                    ) -> None:  # pragma: no cover - in the guard
     """ListenerGuard.forked's child: cut off from its parent as an exec'd guard is (and
-    its signals ignored, as _boot.py does), its inherited objects frozen out of the
-    garbage collector, whose passes would otherwise copy every page it shares with the
-    parent. Never returns."""
+    its signals ignored, as _boot.py does); its inherited objects are already frozen out
+    of the garbage collector (forked.fork), whose passes would otherwise copy every page
+    it shares with the parent. Never returns."""
     try:
         forked.cut_off((fd,), devnull_stdio=True)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_IGN)
-        gc.freeze()
         gc.enable()   # off while run starts (cli/main.py); the guard lives on
         forked.name_process(GUARD_NAME)
         guard_main(fd, successor=successor)
