@@ -56,6 +56,8 @@ class Lease:
         # daemon (a rolling update) rather than unmounting.
         self.keeps = keeps
         self._stopped = threading.Lock()
+        self.holder_gone = threading.Event()    # the holder ended the lease (killed)
+        self.stopped_cleanly = False
 
     def send_negotiated(self, negotiated_json: str) -> None:
         try:
@@ -80,6 +82,7 @@ class Lease:
                 msg = None
             if msg is None:
                 if not self._stopped.locked():
+                    self.holder_gone.set()
                     log.warning("the FUSE holder is gone: this daemon's death will now end "
                                 "the mount")
                 return
@@ -94,7 +97,10 @@ class Lease:
         standalone one (``keeps``) is told nothing: the lease ends with this process,
         after its last thread (a worker still reading once a successor had the kernel
         resend would take a request away from it for good). Only the first call."""
-        if not self._stopped.acquire(blocking=False) or self.keeps:
+        if not self._stopped.acquire(blocking=False):
+            return
+        self.stopped_cleanly = True
+        if self.keeps:
             return
         with contextlib.suppress(OSError):
             holdwire.send(self.sock, b"stop")
@@ -103,16 +109,29 @@ class Lease:
 
 @dataclass
 class Held:
-    """What serve() gets in place of privileges.Dropped: where the binding serves."""
+    """What serve() gets in place of privileges.Dropped: where the binding serves, and
+    the unmount watcher (pid, pipe) started before privileges were dropped, if any."""
     lease: Lease
+    watcher: tuple[int, int] | None = None
 
     @property
     def target(self) -> str:
         return f"/dev/fd/{self.lease.fuse_fd}"
 
     def finish(self) -> None:
-        """Nothing: serve() says stop after a clean stop, and anything else is this
-        daemon's failure, seen by the holder when this process (its last thread) is gone."""
+        """After serving. A clean stop whose holder is gone (killed while this daemon
+        served) has the watcher detach the mount, since no holder will: without it the
+        mount would be left to end with this process, stale ("Transport endpoint is not
+        connected") until the next mount replaced it. Otherwise the watcher only exits:
+        the holder unmounts (or keeps the connection for the next daemon), and any other
+        end is this daemon's failure, which the holder sees when this process is gone."""
+        if self.watcher is None:
+            return
+        detach = self.lease.stopped_cleanly and self.lease.holder_gone.is_set()
+        if detach:
+            log.info("the FUSE holder is gone: this daemon detaches the mount itself")
+        privileges.stop_unmount_watcher(*self.watcher, clean=detach)
+        self.watcher = None
 
 
 def start_holder(fuse_fd: int, lock_fd: int, mountpoint: str,
@@ -263,13 +282,26 @@ def mount_held(mountpoint: str, fsname: str, allow_other: bool, lock_fd: int,
         privileges.detach(mountpoint)
         os.close(m.fd)
         raise
+    watcher = _watcher(m.fd, mountpoint)
     privileges.drop_and_report(reader_views, "the FUSE holder unmounts")
-    return Held(lease)
+    return Held(lease, watcher)
 
 
-def take_over(lease: Lease, reader_views: bool) -> Held:
+def _watcher(fuse_fd: int, mountpoint: str) -> tuple[int, int] | None:
+    """The unmount watcher of a held mount: what detaches it at a clean stop once its
+    holder has died (Held.finish). Started while single-threaded, before the drop."""
+    try:
+        return privileges.start_unmount_watcher(privileges.FuseMount(fuse_fd, mountpoint))
+    except OSError as e:
+        log.warning("no unmount watcher (%s): should the FUSE holder die, a clean stop "
+                    "leaves the mount stale", e.strerror or e)
+        return None
+
+
+def take_over(lease: Lease, mountpoint: str, reader_views: bool) -> Held:
     """A successor's start: privileges dropped as the first daemon's were (a successor the
     holder started has the holder's)."""
+    watcher = _watcher(lease.fuse_fd, mountpoint)
     privileges.drop_and_report(reader_views, "the FUSE holder unmounts")
     log.info("took over the FUSE connection from its holder")
-    return Held(lease)
+    return Held(lease, watcher)

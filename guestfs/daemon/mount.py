@@ -419,7 +419,7 @@ def _mount_and_drop(opts: MountOptions, mp: str, binding: Binding, lock_fd: int,
     from guestfs.daemon import held
 
     if lease is not None:
-        return held.take_over(lease, reader_views)
+        return held.take_over(lease, mp, reader_views)
     return held.mount_held(mp, FSNAME, opts.allow_other, lock_fd, list(opts.respawn),
                            reader_views, opts.external_holder)
 

@@ -12,6 +12,10 @@ does not wake at all, and a file the kernel forgot (ENOENT from the notification
 simply dropped. An EAGAIN from ``invalidate`` (the kernel is still taking in the reply
 that named the inode) keeps the file watched and the invalidation is sent again.
 
+At most ``max_entries`` files are watched: past that the least recently watched one is
+invalidated instead (the kernel asks again at its next access), so neither memory nor a
+tick grows with the number of files read.
+
 Each wake-up renders at most ``batch`` due files, pausing ``pace`` seconds before the
 next batch, so thousands of per-container files never hold the interpreter for long
 while readers' requests wait.
@@ -49,10 +53,13 @@ class Pusher:
 
     def __init__(self, refresh: Callable[[str, float], tuple[str, float]],
                  invalidate: Callable[[str], int], valid_for: float, batch: int = 64,
-                 pace: float = 0.01, clock: Callable[[], float] = time.monotonic) -> None:
+                 pace: float = 0.01, clock: Callable[[], float] = time.monotonic,
+                 max_entries: int = 16384) -> None:
         self._refresh, self._invalidate = refresh, invalidate
         self.valid_for, self.batch, self.pace, self._clock = valid_for, batch, pace, clock
-        self._watched: dict[str, _Watch] = {}
+        self.max_entries = max_entries
+        self._watched: dict[str, _Watch] = {}   # least recently watched first
+        self._evicted: list[str] = []           # to invalidate at the next tick
         self._cond = threading.Condition()
         self._wake_at: float | None = None   # when the thread means to wake; None: idle
         self._stopped = False
@@ -61,7 +68,7 @@ class Pusher:
         # Shown in the status file: renderings made by the pusher, inodes invalidated,
         # notifications for inodes the kernel had forgotten, and failed ones.
         self.counts: Counter[str] = Counter(refreshed=0, invalidated=0, forgotten=0,
-                                            retried=0, failed=0)
+                                            retried=0, evicted=0, failed=0)
 
     def __len__(self) -> int:
         return len(self._watched)
@@ -75,7 +82,15 @@ class Pusher:
         ``due``): keep it fresh while they are valid."""
         now = self._clock() if now is None else now
         with self._cond:
+            self._watched.pop(path, None)
             self._watched[path] = _Watch(now + self.valid_for, due)
+            if len(self._watched) > self.max_entries:
+                # Told by the pusher's thread, not this one (a GETATTR being answered):
+                # an invalidation may wait for a page fill other workers answer.
+                oldest = next(iter(self._watched))
+                del self._watched[oldest]
+                self._evicted.append(oldest)
+                due = now
             self._dirty = True
             # Woken only when it would otherwise sleep past this file's due time.
             if self._wake_at is None or due < self._wake_at:
@@ -90,9 +105,13 @@ class Pusher:
         """Refresh up to ``batch`` due files; the time to call again, None when nothing
         is watched. The thread's body, and what the tests drive with their own clock."""
         with self._cond:
+            evicted, self._evicted = self._evicted, []
             for path in [p for p, w in self._watched.items() if w.expires <= now]:
                 del self._watched[path]       # the kernel asks again before using them
             due = sorted((w.due, p) for p, w in self._watched.items() if w.due <= now)
+        for path in evicted:
+            self._invalidate(path)
+            self.counts["evicted"] += 1
         for _, path in due[:self.batch]:
             with self._cond:
                 watch = self._watched.get(path)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from guestfs.daemon import held
-from guestfs.daemon.mountpoint import is_guestfs_mount
+from guestfs.daemon.mountpoint import is_guestfs_mount, mount_entry
 from guestfs.sources.containerdirs import key_of_cgroup_text
 from guestfs.system import kernel
 from tests.support.fusemount import require_fuse
@@ -138,6 +138,34 @@ def test_a_clean_stop_unmounts_and_ends_the_holder(held_mount: HeldMount) -> Non
     assert wait_for(lambda: not alive(holder), 10)
     assert not is_guestfs_mount(m.mp)
     assert not os.path.exists(held.socket_path(m.mp, m.lock_dir))
+
+
+def test_a_clean_stop_whose_holder_died_still_unmounts(held_mount: HeldMount) -> None:
+    """The holder killed while its daemon serves: the daemon serves on, and its SIGTERM
+    detaches the mount itself (its unmount watcher), leaving no stale mount behind."""
+    m = held_mount
+    proc = m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+    [holder] = holders_of(m.mp)
+    os.kill(holder, signal.SIGKILL)
+    assert wait_for(lambda: "the FUSE holder is gone" in Path(m.log).read_text(), 10)
+    with open(f"{m.mp}/proc/meminfo", "rb") as f:     # still served
+        assert f.read().startswith(b"MemTotal:")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert mount_entry(m.mp) is None, Path(m.log).read_text()[-2000:]
+    assert "detaches the mount itself" in Path(m.log).read_text()
+
+
+def test_a_clean_stop_with_its_holder_alive_leaves_the_unmount_to_the_holder(
+        held_mount: HeldMount) -> None:
+    m = held_mount
+    proc = m.start()
+    assert wait_for(lambda: is_guestfs_mount(m.mp) and m.serving_pid() is not None)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert wait_for(lambda: mount_entry(m.mp) is None, 10)
+    assert "detaches the mount itself" not in Path(m.log).read_text()
 
 
 def test_an_unmount_by_hand_ends_the_daemon_and_the_holder(held_mount: HeldMount) -> None:

@@ -250,3 +250,12 @@ def test_the_notifier_says_not_yet_for_a_looked_up_inode_the_kernel_does_not_kno
     s.session.inodes.forget(path_id("/d"), 1)
     assert notifier.inval_inode("/d") == errno.ENOENT     # forgotten: nothing cached
     s.close()
+
+
+def test_past_its_bound_the_least_recently_watched_file_is_invalidated_instead():
+    f = Fake()
+    p = Pusher(f.refresh, f.invalidate, valid_for=5.0, max_entries=2)
+    for path in ("/a", "/b", "/a", "/c"):       # /a watched again: /b is the oldest
+        p.watch(path, due=0.5, now=0.0)
+    assert sorted(p.watched()) == ["/a", "/c"]
+    assert p.tick(0.1) == 0.5 and f.invalidated == ["/b"] and p.counts["evicted"] == 1
