@@ -68,6 +68,7 @@ LAYOUTS = ("per-caller", "fixed", "per-container")
 # (--cache-ttl), so a changed limit shows within --cache-ttl + 10 ms. One value for every
 # file, set once at start: libfuse3 sends the same attribute timeout with every reply.
 REVALIDATE = 0.01
+DIRECTORY_VALID = 0.5  # attributes of the per-caller layout's directories
 # Pushed freshness (guestfs's engine): how long the kernel keeps a page-cached file's
 # attributes and entries, since the daemon tells it when a rendering changes. What it
 # still bounds: a file read without pause is rendered once more per PUSHED_VALID even
@@ -327,8 +328,14 @@ class GuestOperations:
     def attr_valid(self, path: str) -> float | None:
         """The attribute timeout of ``path``'s replies (guestfs's engine asks): polled
         for the files rendered per read, PUSHED_VALID for the rest (and directories)
-        while pushing; else the one timeout of the config."""
+        while pushing; DIRECTORY_VALID for the directories of a layout served through
+        the daemon; else the one timeout of the config."""
         if self.pusher is None:
+            if not self.page_cache and not self.per_container and self._is_dir(None, path):
+                # The per-caller layout's directories never change, but with
+                # default_permissions every walk through one asks for its attributes:
+                # kept, they save two GETATTRs of each open of MP/proc/<file>.
+                return DIRECTORY_VALID
             return None
         return REVALIDATE if self._rendered_per_read(path) else PUSHED_VALID
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from guestfs.daemon.fusefs import PUSHED_VALID, REVALIDATE, make_operations
+from guestfs.daemon.fusefs import DIRECTORY_VALID, PUSHED_VALID, REVALIDATE, make_operations
 from guestfs.daemon.pusher import CHANGED, GONE, HELD, SAME, Pusher
 from guestfs.daemon.server import ServerConfig, ViewServer
 from guestfs.fuse import abi, adapter
@@ -213,6 +213,11 @@ def test_a_changed_rendering_invalidates_its_inode_and_an_unchanged_one_does_not
 def test_no_pushing_without_the_page_cache_or_at_a_ttl_polling_matches(monkeypatch):
     s, ops, _ = _pushing(monkeypatch, layout="per-caller")
     assert ops.pusher is None and ops.attr_valid("/proc/meminfo") is None
+    # Its directories never change: their attributes are kept (two GETATTRs fewer per
+    # open of MP/proc/meminfo), its files' never.
+    assert ops.attr_valid("/") == ops.attr_valid("/proc") == DIRECTORY_VALID > 0
+    assert ops.attr_valid("/sys/devices/system/cpu") == DIRECTORY_VALID
+    assert ops.attr_valid("/proc/stat") is None and ops.attr_valid("/nothing") is None
     s.close()
     s, ops, _ = _pushing(monkeypatch, ttl=REVALIDATE)
     assert ops.page_cache and ops.pusher is None
