@@ -310,6 +310,11 @@ class GuestOperations:
         log.info("page-cached files: freshness pushed (FUSE_NOTIFY_INVAL_INODE), "
                  "attributes kept %gs", PUSHED_VALID)
 
+    def stop(self) -> None:
+        """The FUSE loop has ended: nothing is rendered behind the teardown's back (it
+        closes the host files; a refresh then would log EBADF as a fallback)."""
+        self._stop_pushing()
+
     def _stop_pushing(self) -> None:
         if self.pusher is None:
             return

@@ -299,6 +299,8 @@ def serve(opts: MountOptions) -> int:
             if e.args != (LIBFUSE3_STOPPED_BY_SIGNAL,):
                 log.error("FUSE failed on %s: %s", mp, e)
                 return 1
+        finally:
+            ops.stop()   # before the teardown closes the host files
     server = serving.server
     log.info("unmounted %s (%d reads fell back to host files, %d refused; %d open renderings "
              "kept)", mp, server.errors, sum(server.refusals.values()), len(ops.kept_renderings))

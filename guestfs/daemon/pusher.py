@@ -114,6 +114,8 @@ class Pusher:
             self.counts["evicted"] += 1
         for _, path in due[:self.batch]:
             with self._cond:
+                if self._stopped:
+                    return None
                 watch = self._watched.get(path)
             if watch is not None and watch.pending:
                 self._tell(path, now)
@@ -175,14 +177,23 @@ class Pusher:
         self._thread = threading.Thread(target=self._loop, name="guestfs-push", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 1.0) -> None:
+        """No refresh after this returns (one in flight is waited for up to ``wait``
+        seconds): the daemon's teardown closes the host files a refresh reads."""
         with self._cond:
             self._stopped = True
             self._watched.clear()
+            self._evicted.clear()
             self._cond.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait)
 
     def _loop(self) -> None:
         while True:
+            with self._cond:
+                if self._stopped:
+                    return
             wake_at = self.tick(self._clock())
             with self._cond:
                 if self._stopped:

@@ -149,6 +149,31 @@ def test_a_rendering_due_as_before_is_not_retried_at_once():
     assert p.tick(0.5) == 0.51 and len(f.refreshed) == 1
 
 
+def test_no_refresh_runs_once_stop_returns():
+    """The daemon's teardown closes the host files right after stopping the pusher: a
+    refresh still running then would fail (EBADF) and be logged as a fallback."""
+    import threading
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def refresh(path: str, now: float) -> tuple[str, float]:
+        calls.append(path)
+        started.set()
+        release.wait(5)
+        return SAME, now + 0.001
+
+    p = Pusher(refresh, lambda path: 0, valid_for=60.0, pace=0.001)
+    for i in range(5):
+        p.watch(f"/{i}", due=0.0)
+    p.start()
+    assert started.wait(5)
+    threading.Timer(0.2, release.set).start()
+    p.stop()               # waits for the refresh in flight, and the batch stops there
+    n = len(calls)
+    time.sleep(0.1)
+    assert n == 1 and len(calls) == 1 and not p._thread.is_alive()
+
+
 # ------------------------------------------------------------------ on the engine
 
 

@@ -30,12 +30,22 @@ from tests.support.render_helpers import meminfo_kb
 
 CG = "/sys/fs/cgroup"
 GFS, LXCFS = "/run/gfs", "/run/lxcfs"
+GFS_LOG = "/run/gfs.log"
 RECORDS = "/mnt/records.jsonl"
 POD_UID = "a5d4fbc7_30d6_43e8_8425_8ee6f401decc"
 CID = "a991eb3b64a228cb0b269925127c28cb39d482d27c6248540e0e3b41633a907e"
 POD = (f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_UID}.slice")
 SCOPE = f"{POD}/cri-containerd-{CID}.scope"
 CONTROLLERS = "+cpuset +cpu +io +memory +pids"
+
+
+def daemon_log(lines: int = 40) -> str:
+    """The tail of the guest daemon's log, for a failure's message (the VM is gone after)."""
+    try:
+        with open(GFS_LOG, errors="replace") as f:
+            return "guestfs log:\n" + "".join(f.readlines()[-lines:])
+    except OSError as e:
+        return f"no guestfs log ({e})"
 
 
 def record(test: str, **values: object) -> None:
@@ -47,7 +57,7 @@ def record(test: str, **values: object) -> None:
 def daemons() -> Iterator[None]:
     if not os.path.exists(f"{CG}/cgroup.subtree_control"):
         pytest.fail("not a cgroup v2 guest: run through tests/external/vm/test_vm_v2.py")
-    with mounted(GFS, "--cache-ttl", "0.2"), lxcfs_mounted(LXCFS, "/run/lxcfs.pid"):
+    with mounted(GFS, "--cache-ttl", "0.2", log=GFS_LOG), lxcfs_mounted(LXCFS, "/run/lxcfs.pid"):
         yield
 
 
@@ -159,7 +169,8 @@ def test_swap_limit_is_memory_swap_max():
         lx_mem, _, _ = view(scope, LXCFS)
     record("swap_max_64MiB", guestfs={"SwapTotal": mem["SwapTotal"]},
            lxcfs={"SwapTotal": lx_mem["SwapTotal"]})
-    assert mem["SwapTotal"] == 65536 and 0 <= mem["SwapFree"] <= 65536
+    assert mem["SwapTotal"] == 65536 and 0 <= mem["SwapFree"] <= 65536, \
+        f"{mem}\n{daemon_log()}"
     assert int(swaps.splitlines()[1].split()[2]) == 65536
 
 
