@@ -161,10 +161,15 @@ def _diskstats(ctx: RenderContext, text: str) -> str:
     return render_diskstats(text, io_counters(ctx.snap))
 
 
+def pressure_cgroup(lim: EffectiveLimits, resource: str) -> str | None:
+    """The cgroup whose pressure file a view serves: the one whose limit applies (io:
+    the leaf)."""
+    return {"cpu": lim.cpu_cgroup, "memory": lim.memory_cgroup}.get(resource)
+
+
 def _pressure(resource: str) -> Callable[[RenderContext, str], str]:
     def render(ctx: RenderContext, text: str) -> str:
-        cgroup = {"cpu": ctx.lim.cpu_cgroup, "memory": ctx.lim.memory_cgroup}.get(resource)
-        return pressure_text(ctx.snap, resource, cgroup) or text
+        return pressure_text(ctx.snap, resource, pressure_cgroup(ctx.lim, resource)) or text
     return render
 
 

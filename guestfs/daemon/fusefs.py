@@ -37,10 +37,12 @@ from typing import Any
 
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.kernel_entries import EntryDropper
+from guestfs.daemon.psi_triggers import NO_TRIGGER, Triggers
 from guestfs.daemon.pusher import CHANGED, GONE, HELD, SAME, Pusher
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
 from guestfs.daemon.server import UNCACHED, UnseenReader, ViewServer
-from guestfs.render.served import SERVED_FILES
+from guestfs.fuse.abi import DEFAULT_POLLMASK
+from guestfs.render.served import PRESSURE_FILES, SERVED_FILES
 from guestfs.sources.containerdirs import (
     BadKey,
     cgroup_exists,
@@ -48,9 +50,15 @@ from guestfs.sources.containerdirs import (
     path_of_key,
     process_keys,
 )
+from guestfs.sources.snapshot import Level
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
+# A pressure file that takes PSI triggers: writable by all, as the kernel's /proc/pressure
+# files are (a reader gets no right it had not: the trigger lands on its own cgroup's
+# file, created by a daemon without CAP_SYS_RESOURCE, so with an unprivileged trigger's
+# limits).
+TRIGGER_MODE = stat.S_IFREG | 0o666
 SIZED_ENTRIES = 4096
 # A per-container directory whose cgroup is gone keeps its last good numbers (counted as
 # a fallback) this long, for a reader that outlives its container by a moment; then it is
@@ -182,6 +190,10 @@ class GuestOperations:
         # Pushed freshness: set up by use_notifier (guestfs's engine) on a page-cached
         # layout; None while polled.
         self.pusher: Pusher | None = None
+        # PSI triggers (guestfs's engine, per-caller layout): the file a trigger is written
+        # to (psi_triggers.open_source, given by the daemon), and the open trigger files.
+        self.trigger_source: Callable[[Level | None, str], int] | None = None
+        self.triggers: Triggers | None = None
         self._notifier: Any = None
         self._polled_entry_timeout: float | None = None
         # Vanished containers forgotten, and of those whose kernel entry was dropped.
@@ -296,6 +308,7 @@ class GuestOperations:
         with a --cache-ttl at or below the polling period: pushing would render more
         often than polling asks."""
         self._notifier = notifier
+        self._take_triggers(notifier)
         if not self.page_cache or self._server.config.cache_ttl <= REVALIDATE \
                 or self.pusher is not None:
             return
@@ -312,8 +325,58 @@ class GuestOperations:
 
     def stop(self) -> None:
         """The FUSE loop has ended: nothing is rendered behind the teardown's back (it
-        closes the host files; a refresh then would log EBADF as a fallback)."""
+        closes the host files; a refresh then would log EBADF as a fallback), and the
+        triggers' descriptors are closed."""
         self._stop_pushing()
+        if self.triggers is not None:
+            self.triggers.stop()
+
+    # ------------------------------------------------------------ PSI triggers
+
+    def _take_triggers(self, notifier: Any) -> None:
+        """Where every open reaches the daemon (no page cache), with somewhere to write
+        triggers to: a pressure file opened for writing takes one (psi_triggers.py)."""
+        if self.page_cache or self.per_container or self.trigger_source is None \
+                or self.triggers is not None:
+            return
+        self.triggers = Triggers(notifier.poll)
+        self._server.serving["psi_triggers"] = self.triggers.counts
+        # Instance attributes, for guestfs's engine only: a libfuse binding registers
+        # the class's callbacks, and its reads need no release.
+        self.write = self._write_trigger
+        self.release = self._release_trigger
+        log.info("pressure files take PSI triggers (write, then poll for POLLPRI)")
+
+    def _open_trigger(self, fh: int, sub: str, cgroup: str | None) -> None:
+        assert self.triggers is not None and self.trigger_source is not None
+        pid = self._fuse.fuse_get_context()[2]
+        try:
+            level = self._server.pressure_source(sub, pid, cgroup)
+            fd = self.trigger_source(level, sub.rsplit("/", 1)[1])
+        except UnseenReader:
+            raise self._error(errno.EACCES) from None
+        except OSError as e:
+            log.debug("no PSI trigger file for %s (pid %d): %s", sub, pid, e)
+            raise self._error(e.errno if isinstance(e.errno, int) and e.errno > 0
+                              else errno.EIO) from None
+        self.triggers.add(fh, fd, cgroup or self._server.view_key(pid) or "")
+
+    def _write_trigger(self, path: str, data: bytes, offset: int, fi: Any) -> int:
+        if self.triggers is None or fi.fh not in self.triggers:
+            raise self._error(errno.EBADF)
+        return self.triggers.write(fi.fh, data)
+
+    def _release_trigger(self, path: str, fi: Any) -> None:
+        if self.triggers is not None:
+            self.triggers.release(fi.fh)
+
+    def poll_events(self, path: str, fi: Any, kh: int | None, events: int) -> int:
+        """guestfs's engine's POLL (adapter.OperationsFilesystem.poll): a trigger file's
+        state; a pressure file without a trigger polls as the kernel's does (POLLERR and
+        POLLPRI: "no trigger"), any other file as one without poll support."""
+        if self.triggers is not None and fi.fh in self.triggers:
+            return self.triggers.poll(fi.fh, kh)
+        return NO_TRIGGER if self._split(path)[1] in PRESSURE_FILES else DEFAULT_POLLMASK
 
     def _stop_pushing(self) -> None:
         if self.pusher is None:
@@ -445,7 +508,9 @@ class GuestOperations:
                     "st_mtime": gen.mtime_ns, "st_ctime": gen.mtime_ns,
                     "st_atime": gen.mtime_ns}
         t = self._t
-        return {"st_mode": FILE_MODE, "st_nlink": 1, "st_mtime": t, "st_ctime": t,
+        mode = TRIGGER_MODE if self.triggers is not None and sub in PRESSURE_FILES \
+            else FILE_MODE
+        return {"st_mode": mode, "st_nlink": 1, "st_mtime": t, "st_ctime": t,
                 "st_atime": t, "st_size": reported_size(self._sized_for(path, sub, cgroup,
                                                                         fh))}
 
@@ -515,7 +580,9 @@ class GuestOperations:
         if not self._is_file(cgroup, sub):
             raise self._error(errno.EISDIR if self._is_dir(cgroup, sub)
                                    else errno.ENOENT)
-        if fi.flags & os.O_ACCMODE != os.O_RDONLY or fi.flags & os.O_TRUNC:
+        writing = fi.flags & os.O_ACCMODE != os.O_RDONLY
+        if fi.flags & os.O_TRUNC or writing and (self.triggers is None
+                                                  or sub not in PRESSURE_FILES):
             raise self._error(errno.EROFS)
         if self.page_cache:
             # The kernel remembers this for the whole connection (no_open) and from
@@ -526,6 +593,8 @@ class GuestOperations:
         # reported_size says how they get one whole rendering).
         fi.direct_io = 1
         fi.fh = next(self._next)
+        if writing:
+            self._open_trigger(fi.fh, sub, cgroup)
         pid = self._fuse.fuse_get_context()[2]
         who = self._server.reader(pid)
         with self._sized_lock:

@@ -271,10 +271,11 @@ def hand_over(fuse_fd: int, lock_fd: int, mountpoint: str,
 
 
 def mount_held(mountpoint: str, fsname: str, allow_other: bool, lock_fd: int,
-               respawn: list[str], reader_views: bool, external: bool = False) -> Held:
+               respawn: list[str], reader_views: bool, external: bool = False,
+               readonly: bool = True) -> Held:
     """The first daemon's mount, its holder (started here, or the standalone one it is
     handed to), then privileges dropped."""
-    m = privileges.mount_fuse(mountpoint, fsname, allow_other)
+    m = privileges.mount_fuse(mountpoint, fsname, allow_other, readonly)
     try:
         lease = hand_over(m.fd, lock_fd, mountpoint) if external else \
             start_holder(m.fd, lock_fd, mountpoint, respawn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import gc
 import logging
 import os
@@ -31,6 +32,7 @@ from guestfs.daemon.mountpoint import (
     refuse_symlink,
     wait_until,
 )
+from guestfs.daemon.psi_triggers import open_source
 from guestfs.daemon.server import ServerConfig, ViewServer
 from guestfs.engine.explicit import ExplicitLimits
 from guestfs.render.served import SERVED_FILES
@@ -281,6 +283,9 @@ def serve(opts: MountOptions) -> int:
         serving = _set_up(opts, mp, binding, stack)
         ops = make_operations(binding.module, serving.server, serving.layout,
                               DIRECT_ATTR_TIMEOUT, ready)
+        if takes_triggers(opts, binding, serving.server):
+            ops.trigger_source = functools.partial(open_source, serving.host,
+                                                   serving.host.pins)
         _describe(opts, mp, binding, serving)
         threading.Thread(target=probe_fuse_client, args=(mp, ops), name="guestfs-probe",
                          daemon=True).start()
@@ -392,7 +397,8 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
         write_pid(pid_file, os.getpid())
     # Before any thread starts: capabilities are dropped per thread, and a thread started
     # earlier would keep every one of them.
-    dropped = _mount_and_drop(opts, mp, binding, lock_fd, lease, not server.fixed_view)
+    dropped = _mount_and_drop(opts, mp, binding, lock_fd, lease, not server.fixed_view,
+                              not takes_triggers(opts, binding, server))
     if dropped:
         stack.callback(dropped.finish)
     lease = getattr(dropped, "lease", None)    # held.Held's
@@ -412,18 +418,25 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
                     unblocked, lease)
 
 
+def takes_triggers(opts: MountOptions, binding: Binding, server: ViewServer) -> bool:
+    """PSI triggers are taken on the per-caller layout through guestfs's engine (which
+    answers WRITE and POLL): every open reaches the daemon there. A page-cached layout
+    opens without asking (no_open), so no write can be tied to an open file."""
+    return binding.engine and not opts.per_container and not server.fixed_view
+
+
 def _mount_and_drop(opts: MountOptions, mp: str, binding: Binding, lock_fd: int,
-                    lease: held.Lease | None,
-                    reader_views: bool) -> privileges.Dropped | held.Held | None:
+                    lease: held.Lease | None, reader_views: bool,
+                    readonly: bool) -> privileges.Dropped | held.Held | None:
     if not opts.hold:
         return privileges.mount_then_drop(mp, FSNAME, opts.allow_other, binding.takes_fd,
-                                          reader_views=reader_views)
+                                          reader_views=reader_views, readonly=readonly)
     from guestfs.daemon import held
 
     if lease is not None:
         return held.take_over(lease, mp, reader_views)
     return held.mount_held(mp, FSNAME, opts.allow_other, lock_fd, list(opts.respawn),
-                           reader_views, opts.external_holder)
+                           reader_views, opts.external_holder, readonly)
 
 
 def _release_users(held: list[int], mp: str) -> None:
@@ -448,7 +461,8 @@ def _fuse_options(opts: MountOptions, binding: Binding, serving: _Serving) -> di
     # which sendfile, splice and mmap stop at; an fstat asks for the open handle's own.
     attr_timeout = min(opts.cache_ttl, REVALIDATE) if serving.cached else DIRECT_ATTR_TIMEOUT
     kwargs: dict[str, Any] = {
-        "foreground": True, "ro": True, "nothreads": False, "fsname": FSNAME,
+        "foreground": True, "ro": not takes_triggers(opts, binding, serving.server),
+        "nothreads": False, "fsname": FSNAME,
         "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
         "default_permissions": True}
     if "fuse3" in binding.libfuse:

@@ -89,13 +89,15 @@ class FuseMount:
     mountpoint: str
 
 
-def mount_fuse(mp: str, fsname: str, allow_other: bool) -> FuseMount:
-    """mount(2) a FUSE filesystem at ``mp`` as libfuse does for root, read-only, and return
-    the open /dev/fuse descriptor that serves it."""
+def mount_fuse(mp: str, fsname: str, allow_other: bool, readonly: bool = True) -> FuseMount:
+    """mount(2) a FUSE filesystem at ``mp`` as libfuse does for root, read-only unless
+    ``readonly`` is False (the files are read-only all the same: a writable mount only lets
+    PSI triggers reach the daemon), and return the open /dev/fuse descriptor that serves
+    it."""
     fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     opts = (f"fd={fd},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()},"
             "default_permissions" + (",allow_other" if allow_other else ""))
-    flags = sysmount.MS_RDONLY | MS_NOSUID | MS_NODEV
+    flags = (sysmount.MS_RDONLY if readonly else 0) | MS_NOSUID | MS_NODEV
     try:
         try:
             sysmount.mount(fsname, mp, f"fuse.{fsname}", flags, opts)
@@ -222,7 +224,7 @@ def _report_missing(missing: frozenset[int], reader_views: bool) -> None:
 
 
 def mount_then_drop(mp: str, fsname: str, allow_other: bool, takes_fd: bool,
-                    reader_views: bool = True) -> Dropped | None:
+                    reader_views: bool = True, readonly: bool = True) -> Dropped | None:
     """Mount ``mp``, fork its unmount watcher and drop privileges; None (privileges kept,
     libfuse mounts as before) where that cannot be done: a binding whose libfuse cannot
     take a mounted descriptor (libfuse2), or no right to mount(2) (fusermount's job).
@@ -233,7 +235,7 @@ def mount_then_drop(mp: str, fsname: str, allow_other: bool, takes_fd: bool,
                     "capabilities; mfusepy on libfuse3 lets it drop them")
         return None
     try:
-        m = mount_fuse(mp, fsname, allow_other)
+        m = mount_fuse(mp, fsname, allow_other, readonly)
     except OSError as e:
         log.warning("mount(2) of %s failed (%s): libfuse mounts it and the daemon keeps "
                     "its capabilities", mp, os_error_line(e))

@@ -20,7 +20,7 @@ from cachetools import LRUCache, TTLCache
 
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.defaults import DEFAULT_CACHE_TTL, DEFAULT_VIEW, VIEWS
-from guestfs.daemon.file_table import SERVED_FILES, ViewState, render_file
+from guestfs.daemon.file_table import SERVED_FILES, ViewState, pressure_cgroup, render_file
 from guestfs.daemon.readers import CgroupFiles, Reader, ReaderIds
 from guestfs.engine.explicit import ExplicitLimitError, ExplicitLimits
 from guestfs.engine.limits import EffectiveLimits, effective_limits
@@ -29,6 +29,7 @@ from guestfs.sources.host_root import HostRoot
 from guestfs.sources.proc_cgroup import PidGone, parse_proc_cgroup
 from guestfs.sources.snapshot import (
     LIMIT_CONTROLLERS,
+    Level,
     Snapshot,
     anchors_alive,
     level_text,
@@ -40,6 +41,7 @@ from guestfs.sources.usage import (
     cgroup_age,
     container_incarnation,
     pidns_init,
+    pressure_level,
     read_start_ticks,
     read_task_counts,
 )
@@ -410,6 +412,19 @@ class ViewServer:
                 self._fast.clear()
             self._fast[(who, path)] = (deadline, data, key[0])
         return deadline, data, key[0]
+
+    def pressure_source(self, path: str, pid: int, cgroup: str | None = None
+                        ) -> Level | None:
+        """Where the pressure file ``path`` served to ``pid`` (or for the per-container
+        ``cgroup``) comes from: the cgroup level whose file is served, or None for the
+        host's /proc/pressure file. Raises UnseenReader, and OSError for a view that
+        cannot be built."""
+        who = self.reader(pid)
+        key, used = (PINNED + cgroup, "self") if cgroup is not None else \
+            self.key_for(pid, who)
+        view = self._view(key, used)
+        resource = path.rsplit("/", 1)[1]
+        return pressure_level(view.snap, resource, pressure_cgroup(view.lim, resource))
 
     def view_key(self, pid: int, who: Reader | None = None) -> str | None:
         """The key of the view reader ``pid`` gets now (its cgroups, checked against its

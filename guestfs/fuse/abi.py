@@ -73,9 +73,10 @@ TMPFILE = 51
 STATX = 52            # 7.39
 COPY_FILE_RANGE_64 = 53
 
-# Everything that would change the filesystem: answered EROFS (the mount is read-only;
-# the kernel's VFS refuses most of these before asking, this is for the rest).
-MUTATING = frozenset({SETATTR, SYMLINK, MKNOD, MKDIR, UNLINK, RMDIR, RENAME, LINK, WRITE,
+# Everything that would change the filesystem: answered EROFS (the files are read-only;
+# the kernel's VFS refuses most of these before asking, this is for the rest). WRITE is
+# the filesystem's to answer: a PSI trigger written to a pressure file is taken.
+MUTATING = frozenset({SETATTR, SYMLINK, MKNOD, MKDIR, UNLINK, RMDIR, RENAME, LINK,
                       SETXATTR, REMOVEXATTR, CREATE, FALLOCATE, RENAME2, COPY_FILE_RANGE,
                       TMPFILE, COPY_FILE_RANGE_64, SETLK, SETLKW})
 NO_REPLY = frozenset({FORGET, BATCH_FORGET, INTERRUPT})
@@ -138,6 +139,13 @@ FOPEN_CACHE_DIR = 1 << 3
 FOPEN_STREAM = 1 << 4
 FOPEN_NOFLUSH = 1 << 5
 
+# fuse_poll_in.flags: the kernel will sleep on this file and wants a NOTIFY_POLL (7.11)
+POLL_SCHEDULE_NOTIFY = 1 << 0
+# The poll bits a file without poll support reports (DEFAULT_POLLMASK: EPOLLIN | EPOLLOUT
+# | EPOLLRDNORM | EPOLLWRNORM), and the two a PSI file adds (linux/eventpoll.h values).
+POLLIN, POLLPRI, POLLOUT, POLLERR = 0x1, 0x2, 0x4, 0x8
+POLLRDNORM, POLLWRNORM = 0x40, 0x100
+DEFAULT_POLLMASK = POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM
 GETATTR_FH = 1 << 0             # fuse_getattr_in.getattr_flags: fh is valid
 READ_LOCKOWNER = 1 << 1         # fuse_read_in.read_flags: lock_owner is valid
 UNIQUE_RESEND = 1 << 63         # 7.40: the unique of a request the kernel resent
@@ -177,6 +185,13 @@ INTERRUPT_IN = struct.Struct("=Q")          # unique of the interrupted request
 # padding, spare[6]
 KSTATFS = struct.Struct("=QQQQQIIII24x")
 DIRENT_HEAD = struct.Struct("=QQII")        # ino, off, namelen, type; then the name
+# struct fuse_write_in (7.9): fh, offset, size, write_flags, lock_owner, flags, padding;
+# then the data
+WRITE_IN = struct.Struct("=QQIIQII")
+WRITE_OUT = struct.Struct("=II")            # size, padding
+POLL_IN = struct.Struct("=QQII")            # fh, kh, flags, events (7.21)
+POLL_OUT = struct.Struct("=II")             # revents, padding
+NOTIFY_POLL_OUT = struct.Struct("=Q")       # kh
 NOTIFY_INVAL_INODE_OUT = struct.Struct("=Qqq")  # ino, off, len
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("=QII")  # parent, namelen, flags; name and NUL
 

@@ -172,6 +172,10 @@ class Notifier:
             return errno.EAGAIN
         return err
 
+    def poll(self, kh: int) -> int:
+        """Wake the poll() sleeping on open file ``kh`` (FUSE_NOTIFY_POLL)."""
+        return self._session.notify_poll(kh)
+
     def inval_entry(self, parent: str, name: str) -> int:
         """Drop the kernel's entry ``name`` of directory ``parent``
         (FUSE_NOTIFY_INVAL_ENTRY): the kernel then forgets the inodes under it."""
@@ -287,6 +291,20 @@ class OperationsFilesystem:
         if self._op("flush") is None:
             raise OSError(errno.ENOSYS, "no flush")   # the kernel stops sending FLUSH
         self._call("flush", path, FileInfo(fh, 0, lock_owner))
+
+    def write(self, path: str, fh: int, offset: int, data: bytes) -> int:
+        if self._op("write") is None:
+            raise OSError(errno.EROFS, "read-only")
+        return int(self._call("write", path, data, offset, FileInfo(fh)))
+
+    def poll(self, path: str, fh: int, kh: int | None, events: int) -> int:
+        """Not mfusepy's poll (libfuse3's hands a poll handle): ``poll_events(path, fi,
+        kh, events)`` returns the revents, and a ``kh`` given is named to Notifier.poll when
+        they change. Without one, what a file without poll support reports (answering
+        ENOSYS would turn poll off for the whole connection)."""
+        if self._op("poll_events") is None:
+            return abi.DEFAULT_POLLMASK
+        return int(self._call("poll_events", path, FileInfo(fh), kh, events))
 
     def destroy(self) -> None:
         if self._op("destroy") is not None:

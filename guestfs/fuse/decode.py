@@ -3,7 +3,7 @@
 The kernel writes one whole request per read(2), but the engine checks every length
 anyway: the frame's own ``len`` against the bytes read, the extension length against the
 body, each argument struct against what is left, names against NAME_MAX and their NUL,
-a READ's size against the negotiated maximum and a BATCH_FORGET's count against the
+a READ's size and a WRITE's against the negotiated maxima and a BATCH_FORGET's count against the
 frame. A frame that fails a check becomes a ``Malformed`` carrying the errno to answer
 (EIO for a frame whose length lies, EINVAL for an argument that does not fit, ENOSYS for
 an opcode this engine does not know) and whether it may be answered at all (FORGET,
@@ -48,6 +48,22 @@ class ReadIn(NamedTuple):
     read_flags: int
     lock_owner: int
     flags: int
+
+
+class WriteIn(NamedTuple):
+    fh: int
+    offset: int
+    write_flags: int
+    lock_owner: int
+    flags: int
+    data: bytes
+
+
+class PollIn(NamedTuple):
+    fh: int
+    kh: int
+    flags: int
+    events: int
 
 
 class ReleaseIn(NamedTuple):
@@ -116,6 +132,19 @@ def _read(body: bytes, max_read: int) -> ReadIn:
     return ReadIn(fh, offset, size, read_flags, lock_owner, flags)
 
 
+def _write(body: bytes, max_write: int) -> WriteIn:
+    fh, offset, size, write_flags, lock_owner, flags, _ = _fixed(body, abi.WRITE_IN)
+    data = body[abi.WRITE_IN.size:]
+    if size != len(data):
+        raise _Bad(errno.EINVAL, f"write of {size} bytes carrying {len(data)}")
+    if size > max_write:
+        raise _Bad(errno.EINVAL, f"write of {size} bytes, more than the {max_write} "
+                                 "negotiated")
+    if offset >= 1 << 63:
+        raise _Bad(errno.EINVAL, "negative offset")
+    return WriteIn(fh, offset, write_flags, lock_owner, flags, data)
+
+
 def _batch_forget(body: bytes) -> tuple[tuple[int, int], ...]:
     count, _ = _fixed(body, abi.BATCH_FORGET_IN)
     room = (len(body) - abi.BATCH_FORGET_IN.size) // abi.FORGET_ONE.size
@@ -124,7 +153,7 @@ def _batch_forget(body: bytes) -> tuple[tuple[int, int], ...]:
                  for i in range(min(count, room)))
 
 
-def _args(opcode: int, body: bytes, max_read: int) -> Any:
+def _args(opcode: int, body: bytes, max_read: int, max_write: int) -> Any:
     if opcode == abi.LOOKUP:
         return _name(body)
     if opcode == abi.GETATTR:
@@ -134,6 +163,10 @@ def _args(opcode: int, body: bytes, max_read: int) -> Any:
         return OpenIn(*_fixed(body, abi.OPEN_IN))
     if opcode in (abi.READ, abi.READDIR):
         return _read(body, max_read)
+    if opcode == abi.WRITE:
+        return _write(body, max_write)
+    if opcode == abi.POLL:
+        return PollIn(*_fixed(body, abi.POLL_IN))
     if opcode in (abi.RELEASE, abi.RELEASEDIR):
         return ReleaseIn(*_fixed(body, abi.RELEASE_IN))
     if opcode == abi.FLUSH:
@@ -152,9 +185,10 @@ def _args(opcode: int, body: bytes, max_read: int) -> Any:
     return None   # STATFS, DESTROY, and the opcodes answered by opcode alone
 
 
-def decode(frame: bytes, max_read: int = 1 << 20) -> Request | Malformed:
+def decode(frame: bytes, max_read: int = 1 << 20, max_write: int = 4096
+           ) -> Request | Malformed:
     """One frame as read from /dev/fuse. ``max_read``: the largest READ the connection
-    negotiated (max_pages pages)."""
+    negotiated (max_pages pages); ``max_write``: the largest WRITE."""
     hs = abi.IN_HEADER.size
     if len(frame) < hs:
         unique = struct.unpack_from("=Q", frame, 8)[0] if len(frame) >= 16 else 0
@@ -172,7 +206,7 @@ def decode(frame: bytes, max_read: int = 1 << 20) -> Request | Malformed:
         return Malformed(opcode, unique, errno.EINVAL,
                          f"extensions of {extlen * 8} bytes past the frame", reply)
     try:
-        arg = _args(opcode, frame[hs:end], max_read)
+        arg = _args(opcode, frame[hs:end], max_read, max_write)
     except _Bad as e:
         return Malformed(opcode, unique, e.err, e.reason, reply)
     return Request(opcode, unique, nodeid, uid, gid, pid, arg)

@@ -5,7 +5,8 @@ Several worker threads read the same descriptor (the kernel hands each request t
 reader); each request is decoded (``decode``), its node id turned into a path
 (``inodes``), answered by the filesystem, and its reply written with one ``os.writev``.
 Nothing a request does escapes the loop: an OSError from the filesystem is its errno,
-anything else EIO (logged once per opcode). Every mutating opcode is answered EROFS,
+anything else EIO (logged once per opcode). Every mutating opcode but WRITE is answered
+EROFS (a WRITE goes to the filesystem, which takes PSI triggers and refuses the rest),
 every other opcode this engine does not serve ENOSYS (the kernel then stops sending most
 of them).
 
@@ -35,16 +36,19 @@ from guestfs.fuse.decode import (
     InitIn,
     Malformed,
     OpenIn,
+    PollIn,
     ReadIn,
     ReleaseIn,
     Request,
+    WriteIn,
     decode,
 )
 from guestfs.fuse.inodes import DEFAULT_LIMIT, InodeTable, child, path_id
 
 log = logging.getLogger("guestfs.fuse")
 
-MAX_WRITE = 4096      # read-only: the smallest the kernel allows (it never sends WRITE)
+# The smallest the kernel allows: the only writes taken are PSI triggers (a line of text).
+MAX_WRITE = 4096
 MAX_PAGES = 256       # one READ of up to 1 MiB: a large host's cpuinfo in one request
 # What one read(2) of the device must have room for: the kernel refuses a buffer smaller
 # than FUSE_MIN_READ_BUFFER or than a WRITE of max_write with its headers.
@@ -128,6 +132,8 @@ class Filesystem(Protocol):
     def statfs(self, path: str) -> StatFs: ...
     def access(self, path: str, mask: int) -> None: ...
     def flush(self, path: str, fh: int, lock_owner: int) -> None: ...
+    def write(self, path: str, fh: int, offset: int, data: bytes) -> int: ...
+    def poll(self, path: str, fh: int, kh: int | None, events: int) -> int: ...
     def destroy(self) -> None: ...
 
 
@@ -190,6 +196,7 @@ class Session:
             abi.RELEASE: self._release, abi.OPENDIR: self._opendir,
             abi.READDIR: self._readdir, abi.RELEASEDIR: self._releasedir,
             abi.STATFS: self._statfs, abi.ACCESS: self._access, abi.FLUSH: self._flush,
+            abi.WRITE: self._write, abi.POLL: self._poll,
         }
 
     # ------------------------------------------------------------ the loop
@@ -253,8 +260,8 @@ class Session:
                     self._idle.notify_all()
 
     def _handle(self, frame: bytes) -> None:
-        max_read = self.negotiated.max_read if self.negotiated else 1 << 20
-        req = decode(frame, max_read)
+        neg = self.negotiated
+        req = decode(frame, neg.max_read, neg.max_write) if neg else decode(frame)
         if isinstance(req, Malformed):
             self.counts["malformed"] += 1
             self._log_once(f"bad {req.opcode}", "refused a request (%s): %s",
@@ -358,6 +365,11 @@ class Session:
         raw = name.encode("utf-8", "surrogateescape")
         return self._notify(abi.NOTIFY_INVAL_ENTRY,
                             abi.NOTIFY_INVAL_ENTRY_OUT.pack(parent, len(raw), 0) + raw + b"\0")
+
+    def notify_poll(self, kh: int) -> int:
+        """Wake whoever sleeps in poll on the open file ``kh`` (FUSE_NOTIFY_POLL): the
+        kernel polls it again. ENOENT: nobody polls it any more."""
+        return self._notify(abi.NOTIFY_POLL, abi.NOTIFY_POLL_OUT.pack(kh))
 
     def notify_resend(self) -> int:
         """Have the kernel queue again every request read from this connection and not
@@ -469,6 +481,19 @@ class Session:
         lock_owner = arg.lock_owner if arg.read_flags & abi.READ_LOCKOWNER else 0
         data = self.fs.read(path, arg.fh, arg.offset, arg.size, lock_owner, arg.flags)
         self._reply(req.unique, 0, data[:arg.size])
+
+    def _write(self, req: Request, path: str) -> None:
+        arg: WriteIn = req.arg
+        n = self.fs.write(path, arg.fh, arg.offset, arg.data)
+        self._reply(req.unique, 0, abi.WRITE_OUT.pack(n, 0))
+
+    def _poll(self, req: Request, path: str) -> None:
+        """``kh`` goes to the filesystem only when the kernel will sleep on the file and
+        waits for a NOTIFY_POLL naming it (notify_poll)."""
+        arg: PollIn = req.arg
+        kh = arg.kh if arg.flags & abi.POLL_SCHEDULE_NOTIFY else None
+        revents = self.fs.poll(path, arg.fh, kh, arg.events)
+        self._reply(req.unique, 0, abi.POLL_OUT.pack(revents, 0))
 
     def _release(self, req: Request, path: str) -> None:
         arg: ReleaseIn = req.arg

@@ -13,6 +13,7 @@ SERVED_FILES = ("/proc/meminfo", "/proc/cpuinfo", "/proc/stat", "/proc/uptime",
 # What `run` and `attach` bind over /proc and /sys by default. The pressure files are
 # served in the mount but not bound: the kernel's /proc/pressure/* accept PSI triggers
 # (write "some 150000 2000000", then poll() for POLLPRI; systemd-oomd and other monitors
-# rely on it), and a FUSE file cannot deliver POLLPRI through fusepy/mfusepy, so binding
-# ours over them would turn every trigger into EROFS. `run --bind-pressure` binds them.
+# rely on it), and run's page-cached mount cannot take them (its opens never reach the
+# daemon, daemon/psi_triggers.py), so binding ours over them would turn every trigger
+# into EROFS. `run --bind-pressure` binds them.
 BOUND_BY_DEFAULT = tuple(f for f in SERVED_FILES if f not in PRESSURE_FILES)

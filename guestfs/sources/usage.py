@@ -284,13 +284,21 @@ def io_counters(snap: Snapshot) -> Mapping[tuple[int, int], IoCounters] | None:
     return MappingProxyType(parse_blkio_recursive(b, n))
 
 
-def pressure_text(snap: Snapshot, resource: str, cgroup: str | None) -> str | None:
-    """The cgroup's ``<resource>.pressure`` text (v2 only), at level ``cgroup`` (the one
-    whose limit applies; the leaf for None); None when there is none or it is malformed."""
+def pressure_level(snap: Snapshot, resource: str, cgroup: str | None) -> Level | None:
+    """The level whose ``<resource>.pressure`` is served (v2 only): level ``cgroup`` (the
+    one whose limit applies; the leaf for None), if its file is there and well-formed.
+    None: the host's /proc/pressure file is served instead. A PSI trigger written to the
+    served file is registered on the same file (daemon/psi_triggers.py)."""
     h = snap.hierarchies[PRESSURE_CONTROLLERS[resource]]
     if h.version != 2:
         return None
     level = level_for(h, cgroup)
-    if level is None:
+    if level is None or valid_pressure(level.files.get(f"{resource}.pressure")) is None:
         return None
-    return valid_pressure(level.files.get(f"{resource}.pressure"))
+    return level
+
+
+def pressure_text(snap: Snapshot, resource: str, cgroup: str | None) -> str | None:
+    """The cgroup's ``<resource>.pressure`` text (pressure_level's); None for none."""
+    level = pressure_level(snap, resource, cgroup)
+    return None if level is None else level.files.get(f"{resource}.pressure")

@@ -39,6 +39,9 @@ def _size(arg: object) -> int:
 @example(frame(abi.BATCH_FORGET, abi.BATCH_FORGET_IN.pack(0xFFFFFFFF, 0)))
 @example(frame(abi.LOOKUP, b"\0" * 0, extlen=0xFFFF))
 @example(frame(abi.READ, abi.READ_IN.pack(0, 1 << 63, 0xFFFFFFFF, 0, 0, 0, 0)))
+@example(frame(abi.WRITE, abi.WRITE_IN.pack(1, 0, 0xFFFFFFFF, 0, 0, 0, 0) + b"some"))
+@example(frame(abi.WRITE, abi.WRITE_IN.pack(1, 1 << 63, 4, 0, 0, 0, 0) + b"some"))
+@example(frame(abi.POLL, abi.POLL_IN.pack(1, 2, 0xFFFFFFFF, 0xFFFFFFFF)[:20]))
 @example(b"")
 def test_decode_never_raises_and_stays_within_the_frame(raw):
     got = decode(raw)
@@ -47,6 +50,8 @@ def test_decode_never_raises_and_stays_within_the_frame(raw):
         assert abi.IN_HEADER.unpack_from(raw)[0] == len(raw)
         if got.opcode == abi.BATCH_FORGET:
             assert _size(got.arg) <= len(raw)
+        if got.opcode == abi.WRITE:
+            assert len(got.arg.data) <= len(raw) - abi.IN_HEADER.size - abi.WRITE_IN.size
         if got.opcode == abi.LOOKUP:
             assert 0 < len(got.arg) <= 255 and b"/" not in got.arg and b"\0" not in got.arg
     else:

@@ -68,6 +68,8 @@ class TinyFs:
     no_open: bool = False
     pids: list[int] = field(default_factory=list)
     negotiated: Negotiated | None = None
+    written: list[tuple[int, int, bytes]] = field(default_factory=list)
+    polled: list[tuple[int, int | None, int]] = field(default_factory=list)
 
     def _dirs(self) -> set[str]:
         out = {"/"}
@@ -121,6 +123,16 @@ class TinyFs:
 
     def flush(self, path: str, fh: int, lock_owner: int) -> None:
         raise OSError(38, "no flush")
+
+    def write(self, path: str, fh: int, offset: int, data: bytes) -> int:
+        if path != "/a":
+            raise OSError(30, "read-only")
+        self.written.append((fh, offset, data))
+        return len(data)
+
+    def poll(self, path: str, fh: int, kh: int | None, events: int) -> int:
+        self.polled.append((fh, kh, events))
+        return abi.DEFAULT_POLLMASK | abi.POLLPRI
 
     def destroy(self) -> None:
         pass

@@ -186,8 +186,56 @@ def test_every_mutating_opcode_is_erofs(tiny, opcode):
     assert r.error == -errno.EROFS
 
 
+def _lookup_a(s) -> int:
+    (r,) = s.ask(frame(abi.LOOKUP, b"a\0"))
+    return abi.ENTRY_OUT_HEAD.unpack_from(r.body)[0]
+
+
+def test_a_write_goes_to_the_filesystem_whose_answer_is_the_size_written(tiny):
+    s, fs = tiny
+    a = _lookup_a(s)
+    data = b"some 20000 2000000\0"
+    (r,) = s.ask(frame(abi.WRITE, abi.WRITE_IN.pack(9, 0, len(data), 0, 0, 0o2, 0) + data,
+                       nodeid=a))
+    assert r.error == 0 and abi.WRITE_OUT.unpack(r.body) == (len(data), 0)
+    assert fs.written == [(9, 0, data)]
+    (r,) = s.ask(frame(abi.WRITE, abi.WRITE_IN.pack(9, 0, 1, 0, 0, 0, 0) + b"x"))
+    assert r.error == -errno.EROFS            # the root directory: the filesystem refuses
+
+
+@pytest.mark.parametrize("size, carried, why", [(10, 5, "carrying"), (5, 10, "carrying"),
+                                                 (5000, 5000, "negotiated")])
+def test_a_write_whose_size_lies_or_passes_max_write_is_einval(tiny, size, carried, why):
+    s, fs = tiny
+    a = _lookup_a(s)
+    (r,) = s.ask(frame(abi.WRITE, abi.WRITE_IN.pack(9, 0, size, 0, 0, 0, 0) + b"x" * carried,
+                       nodeid=a))
+    assert r.error == -errno.EINVAL and fs.written == []
+
+
+def test_poll_names_kh_only_when_the_kernel_will_wait_for_a_notification(tiny):
+    s, fs = tiny
+    a = _lookup_a(s)
+    for flags in (abi.POLL_SCHEDULE_NOTIFY, 0):
+        (r,) = s.ask(frame(abi.POLL, abi.POLL_IN.pack(9, 77, flags, abi.POLLPRI), nodeid=a))
+        assert r.error == 0
+        assert abi.POLL_OUT.unpack(r.body) == (abi.DEFAULT_POLLMASK | abi.POLLPRI, 0)
+    assert fs.polled == [(9, 77, abi.POLLPRI), (9, None, abi.POLLPRI)]
+
+
+def test_the_notify_poll_frame_is_the_kernels_bytes():
+    """struct fuse_out_header with code 1 (FUSE_NOTIFY_POLL) and unique 0, then struct
+    fuse_notify_poll_wakeup_out {u64 kh}, written by hand."""
+    s = PipeSession(TinyFs())
+    assert s.session.notify_poll(0x0102030405060708) == 0
+    raw = os.read(s.r, 4096)
+    assert raw == bytes.fromhex("18000000" "01000000" "0000000000000000"
+                                "0807060504030201")
+    s.close()
+
+
 @pytest.mark.parametrize("opcode", [abi.READLINK, abi.GETXATTR, abi.LISTXATTR, abi.IOCTL,
-                                    abi.POLL, abi.LSEEK, abi.STATX, abi.BMAP, abi.FSYNC,
+                                    abi.LSEEK, abi.STATX, abi.BMAP, abi.FSYNC,
                                     abi.READDIRPLUS, abi.GETLK, 4000])
 def test_what_is_not_served_is_enosys(tiny, opcode):
     s, _ = tiny
