@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from guestfs.inject.enter import CHILD_TIMEOUT, AttachError, run_in_child
-from guestfs.render.served import BOUND_BY_DEFAULT
+from guestfs.render.served import BOUND_BY_DEFAULT, PRESSURE_FILES
 from guestfs.sources.containerdirs import BadKey, key_of_cgroup_text
 from guestfs.sources.host_root import HostRoot
 from guestfs.system import sysmount
@@ -134,11 +134,35 @@ def source_dir(mount: str, key: str | None, per_container: bool | None = None) -
     return f"{base.rstrip('/')}/{key}"
 
 
+# The mode of a served pressure file that takes PSI triggers (daemon/fusefs.TRIGGER_MODE):
+# bound like the others, since the container's monitors lose nothing.
+TRIGGER_PERMS = 0o666
+
+
 def open_sources(root: str) -> dict[str, SourceFile]:
     """The served files under ``root`` in the current namespace, each checked to be a
-    regular file on a live FUSE mount. Raises AttachError when the mount is not live."""
+    regular file on a live FUSE mount; the pressure files too where they take PSI triggers
+    (a per-caller mount on guestfs's engine): elsewhere the kernel's are left, whose
+    triggers ours would refuse. Raises AttachError when the mount is not live."""
+    found = _open_files(root, BOUND_BY_DEFAULT)
+    try:
+        pressure = _open_files(root, PRESSURE_FILES)
+    except AttachError:
+        _close_all(found)
+        raise
+    if len(pressure) == len(PRESSURE_FILES) and all(
+            stat.S_IMODE(os.fstat(s.fd).st_mode) == TRIGGER_PERMS for s in pressure.values()):
+        found.update(pressure)
+    else:
+        _close_all(pressure)
+    if not found:
+        raise AttachError(f"source {root} holds no served file (no guestfs mount there)")
+    return found
+
+
+def _open_files(root: str, files: tuple[str, ...]) -> dict[str, SourceFile]:
     found: dict[str, SourceFile] = {}
-    for f in BOUND_BY_DEFAULT:
+    for f in files:
         path = root.rstrip("/") + f
         try:
             fd = sysmount.open_nofollow(path)
@@ -159,8 +183,6 @@ def open_sources(root: str) -> dict[str, SourceFile]:
                 raise
             raise AttachError(f"source {path}: {e.strerror or e}") from e
         found[f] = SourceFile(fd, (st.st_dev, st.st_ino))
-    if not found:
-        raise AttachError(f"source {root} holds no served file (no guestfs mount there)")
     return found
 
 

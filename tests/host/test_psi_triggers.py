@@ -178,3 +178,34 @@ def test_the_libfuse_binding_keeps_the_mount_read_only():
         with pytest.raises(OSError) as e:
             open_trigger(f"{where}/proc/pressure/cpu")
         assert e.value.errno == errno.EROFS
+
+
+@pytest.mark.parametrize("view, bound", [("caller", True), ("self", False)])
+def test_attach_binds_the_pressure_files_where_they_take_triggers(tmp_path, view, bound):
+    """A per-caller engine mount's pressure files are bound with the rest, and a trigger
+    written in the app's namespace is taken; a page-cached (fixed) mount's are not, and
+    the app keeps the kernel's (whose triggers work)."""
+    import sys
+    mp = str(tmp_path / "mnt")
+    app = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        with mounted(mp, "--fuse-binding", "guestfs", "--view", view):
+            out = subprocess.run([sys.executable, "-m", "guestfs", "attach", "--pid",
+                                  str(app.pid), "--source", mp], capture_output=True,
+                                 text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            assert f"bound {13 if bound else 10}," in out.stdout + out.stderr, out
+            probe = ("import os; fd = os.open('/proc/pressure/cpu', os.O_RDWR); "
+                     "print(os.write(fd, b'some 20000 2000000\\n'))")
+            got = subprocess.run(["nsenter", "-t", str(app.pid), "-m", sys.executable, "-c",
+                                  probe], capture_output=True, text=True, timeout=30)
+            assert got.stdout.strip() == "19", got.stderr
+            fstype = subprocess.run(["nsenter", "-t", str(app.pid), "-m", "stat", "-f",
+                                     "-c", "%T", "/proc/pressure/cpu"], capture_output=True,
+                                    text=True, timeout=30).stdout.strip()
+            assert (fstype == "fuseblk" or "fuse" in fstype) is bound, fstype
+            if bound:
+                assert status(mp)["psi_triggers"]["armed"] >= 1
+    finally:
+        app.kill()
+        app.wait()
