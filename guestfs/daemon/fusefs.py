@@ -341,10 +341,9 @@ class GuestOperations:
             return
         self.triggers = Triggers(notifier.poll)
         self._server.serving["psi_triggers"] = self.triggers.counts
-        # Instance attributes, for guestfs's engine only: a libfuse binding registers
-        # the class's callbacks, and its reads need no release.
+        # An instance attribute, for guestfs's engine only: a libfuse binding registers
+        # the class's callbacks. (release too, once a trigger is open.)
         self.write = self._write_trigger
-        self.release = self._release_trigger
         log.info("pressure files take PSI triggers (write, then poll for POLLPRI)")
 
     def _open_trigger(self, fh: int, sub: str, cgroup: str | None) -> None:
@@ -360,6 +359,9 @@ class GuestOperations:
             raise self._error(e.errno if isinstance(e.errno, int) and e.errno > 0
                               else errno.EIO) from None
         self.triggers.add(fh, fd, cgroup or self._server.view_key(pid) or "")
+        # From the first trigger on, every RELEASE reaches this object (a reader who
+        # never writes one costs no call per close).
+        self.release = self._release_trigger
 
     def _write_trigger(self, path: str, data: bytes, offset: int, fi: Any) -> int:
         if self.triggers is None or fi.fh not in self.triggers:
@@ -526,14 +528,14 @@ class GuestOperations:
                 self._per_handle.put(fh.fh, data, unread=True)
             return data
         pid = self._fuse.fuse_get_context()[2]
+        who = self._server.reader(pid)
         try:
-            _, data, key = self._server.render_for(sub, pid, cgroup)
+            _, data, key = self._server.render_for(sub, pid, cgroup, who)
         except UnseenReader:
             # Its read will be refused (counted and logged there); a stat still
             # answers, with one page, as for any file that fits in one.
             return b""
         self.calls["render"] += 1
-        who = self._server.reader(pid)
         if cgroup is not None:
             key = cgroup
         elif key is None:

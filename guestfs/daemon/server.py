@@ -388,17 +388,17 @@ class ViewServer:
         the same moment get the same bytes."""
         return self.render_for(path, pid, cgroup)[:2]
 
-    def render_for(self, path: str, pid: int, cgroup: str | None = None
-                   ) -> tuple[float, bytes, str | None]:
+    def render_for(self, path: str, pid: int, cgroup: str | None = None,
+                   who: Reader | None = None) -> tuple[float, bytes, str | None]:
         """render_until's answer and the key of the reader's view it was made from, as
         checked against its cgroup file while rendering (None for a pinned ``cgroup``,
         the status, or a key no longer cached): the caller need not read that file
-        again (view_key)."""
+        again (view_key). ``who``: reader(pid), if the caller has it already."""
         if path == STATUS_PATH:
             return time.monotonic(), self.status_json(), None
         if cgroup is not None:
             return *self._render(path, pid, (pid, None), (PINNED + cgroup, "self")), None
-        who = self.reader(pid)
+        who = who if who is not None else self.reader(pid)
         hit = self._fast.get((who, path))
         if hit is not None and time.monotonic() < hit[0] and self._same_cgroups(pid, who, hit[2]):
             return hit

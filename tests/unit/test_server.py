@@ -238,8 +238,8 @@ def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
                          cgroup: str | None = None) -> tuple[float, bytes]:
             return 0.0, self.data
 
-        def render_for(self, path: str, pid: int,
-                       cgroup: str | None = None) -> tuple[float, bytes, str | None]:
+        def render_for(self, path: str, pid: int, cgroup: str | None = None,
+                       who: object = None) -> tuple[float, bytes, str | None]:
             return 0.0, self.data, None     # no key: the caller asks view_key
 
         def reader(self, pid: int) -> tuple[int, None]:
