@@ -34,8 +34,14 @@ def mp() -> Iterator[str]:
             assert "psi=0" in f.read() or not os.path.isdir("/proc/pressure"), \
                 "no /proc/pressure/cpu, yet PSI is not turned off"
         pytest.skip("this kernel has PSI turned off (no /proc/pressure)")
-    with private_mountpoint() as where, mounted(str(where), "--fuse-binding", "guestfs"):
+    with private_mountpoint() as where, \
+            mounted(str(where), "--fuse-binding", "guestfs", log=str(where) + ".log"):
         yield str(where)
+
+
+def daemon_log(mp: str) -> str:
+    with open(mp + ".log", errors="replace") as f:
+        return f.read()
 
 
 @contextlib.contextmanager
@@ -209,3 +215,23 @@ def test_attach_binds_the_pressure_files_where_they_take_triggers(tmp_path, view
     finally:
         app.kill()
         app.wait()
+
+
+def test_hostile_writes_get_the_kernels_answer_and_the_daemon_serves_on(mp):
+    """Garbage, a write far past max_write (the kernel cuts it into WRITEs of at most
+    max_write), a lone NUL, binary junk: each is the kernel's EINVAL (or EBUSY once a
+    trigger is set), never a dead or swollen daemon."""
+    cases = [b"\xff" * 65536, b"\0", b"some -1 -1\n", b"full 1 99999999999999999999\n",
+             os.urandom(300), b"some 20000 2000000\n" + b"x" * 10000]
+    for data in cases:
+        fd = open_trigger(f"{mp}/proc/pressure/memory")
+        try:
+            with contextlib.suppress(OSError):
+                os.write(fd, data)
+        finally:
+            os.close(fd)
+    with open(f"{mp}/proc/meminfo") as f:
+        assert f.readline().startswith("MemTotal:")
+    assert status(mp)["fallback_total"] == 0
+    log = daemon_log(mp)
+    assert "Traceback" not in log and "answering EIO" not in log, log
