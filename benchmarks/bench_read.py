@@ -50,7 +50,8 @@ from benchsupport import (
     CLK_TCK,
     BenchError,
     bench_cgroup,
-    cpu_seconds,
+    cpu_sample,
+    cpu_seconds_between,
     guestfs_mounted,
     lxcfs_mounted,
     rss_bytes,
@@ -100,7 +101,7 @@ def measure(path: str, ops: int, readers: int, daemon: int | None = None
         for _ in procs:
             if not ready.acquire(timeout=30):
                 raise BenchError(f"the readers of {path} did not start")
-        cpu0 = cpu_seconds(daemon) if daemon else 0.0
+        cpu0 = cpu_sample(daemon) if daemon else {}
         go.set()
         got = []
         for _ in procs:
@@ -110,7 +111,7 @@ def measure(path: str, ops: int, readers: int, daemon: int | None = None
                     break
                 if not any(p.is_alive() for p in procs) and q.empty():
                     raise BenchError(f"the readers of {path} died")
-        cpu = cpu_seconds(daemon) - cpu0 if daemon else 0.0
+        cpu = cpu_seconds_between(cpu0, cpu_sample(daemon)) if daemon else 0.0
         for p in procs:
             p.join()
     finally:

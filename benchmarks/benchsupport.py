@@ -210,22 +210,32 @@ def bench_cgroup(memory: int, quota: int, period: int) -> Iterator[BenchCgroup]:
 # --- a daemon's cost -----------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` and its descendants (every thread), from /proc/<pid>/stat."""
+def cpu_sample(pid: int) -> dict[tuple[int, int], int]:
+    """utime + stime ticks of ``pid`` and each of its descendants (every thread), from
+    /proc/<pid>/stat, by (pid, start time)."""
     import psutil
 
     pids = [pid]
     with contextlib.suppress(psutil.Error):
         pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    ticks = 0
+    out: dict[tuple[int, int], int] = {}
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as f:
                 rest = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            # fields 14 and 15: utime, stime; 22: start time
+            out[(p, int(rest[19]))] = int(rest[11]) + int(rest[12])
+        except (OSError, IndexError, ValueError):
             continue
-        ticks += int(rest[11]) + int(rest[12])  # fields 14 and 15: utime, stime
-    return ticks / CLK_TCK
+    return out
+
+
+def cpu_seconds_between(before: dict[tuple[int, int], int],
+                        after: dict[tuple[int, int], int]) -> float:
+    """CPU seconds spent between two cpu_samples by the processes alive at the second (a
+    helper that exited in between took its ticks with it: summing totals then went
+    negative)."""
+    return sum(t - before.get(k, 0) for k, t in after.items()) / CLK_TCK
 
 
 def rss_bytes(pid: int) -> int:
