@@ -2,6 +2,7 @@
 """What each import costs the daemon in resident memory, and the daemon's RSS serving.
 
     .venv/bin/python benchmarks/bench_rss_imports.py [--top 40] [--reads 1000] [--no-daemon]
+        [--hold]
 
 Part 1 (any user): a fresh ``python -I -S`` (the daemon's interpreter and flags, site
 imported under the hook so its cost shows) imports what the daemon imports, in its order:
@@ -17,6 +18,10 @@ view), each started as ``guestfs run`` starts its daemon (``python -I .../_boot.
 daemon's VmRSS (and RssAnon, RssFile, threads) once it serves, and after one reader process
 has made ``--reads`` open+read+close of every served file, and after as many more from 20
 short-lived reader processes (per-caller views are cached per reader).
+
+``--hold``: the daemon of ``guestfs mount --hold`` instead: part 1 imports what it adds
+(``guestfs.daemon.held`` and what it brings), part 2 mounts with ``--hold`` (its holder
+is a process of its own, not measured).
 """
 
 from __future__ import annotations
@@ -94,6 +99,8 @@ import guestfs.cli.main
 from guestfs.daemon.fuse_binding import load_binding
 load_binding('auto')
 import guestfs.daemon.mount
+if sys.argv[2] == 'hold':
+    import guestfs.daemon.held
 print(json.dumps({'start': start, 'end': rss(), 'rows': rows}))
 """
 
@@ -118,8 +125,9 @@ for f in seq:
 """
 
 
-def import_table(min_kib: int) -> str:
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", CHILD, str(REPO / "guestfs")],
+def import_table(min_kib: int, hold: bool) -> str:
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", CHILD, str(REPO / "guestfs"),
+                          "hold" if hold else "-"],
                          check=True, capture_output=True, text=True, cwd="/").stdout
     data = json.loads(out)
     lines = [f"interpreter before site: {data['start']} KiB; after every daemon import: "
@@ -193,12 +201,14 @@ def main() -> int:
     ap.add_argument("--order", choices=("round-robin", "file-by-file"), default="round-robin",
                     help="every file in turn, or all reads of one file before the next")
     ap.add_argument("--no-daemon", action="store_true", help="only the import table")
+    ap.add_argument("--hold", action="store_true",
+                    help="the daemon of guestfs mount --hold (imports and RSS)")
     ap.add_argument("--no-imports", action="store_true", help="only the daemon's RSS")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="extra environment for the daemon (to try e.g. MALLOC_ARENA_MAX)")
     a = ap.parse_args()
     if not a.no_imports:
-        print(import_table(a.min))
+        print(import_table(a.min, a.hold))
     if a.no_daemon:
         return 0
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
@@ -206,6 +216,7 @@ def main() -> int:
         return 0
     env = dict(kv.split("=", 1) for kv in a.env)
     for args in (["--cgroup", "/"], []):
+        args += ["--hold"] if a.hold else []
         print(f"\nguestfs mount MP {' '.join(args)}".rstrip() + f" ({a.order})")
         print("\n".join(daemon_rss(args, a.reads, a.order, env)))
     return 0

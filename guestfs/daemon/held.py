@@ -15,10 +15,12 @@ would wait for ever. Older kernels are served as without --hold (docs/mount.md).
 
 from __future__ import annotations
 
+# _socket, not socket.py: socket.py and the array module it brings cost the serving daemon
+# 380 KiB of RSS for what _socket.socket does itself (holdwire uses it the same way).
+import _socket as socket
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from guestfs.daemon import mountlock, privileges
 from guestfs.daemon.mountpoint import MountError
 from guestfs.fuse import holdwire
-from guestfs.fuse.holder import NAME as HOLDER_NAME
+from guestfs.fuse.holdwire import HOLDER_NAME
 from guestfs.system import forked
 from guestfs.system.oneline import one_line
 from guestfs.system.selfexec import FUSE_HOLDER, helper_argv
@@ -151,13 +153,14 @@ def start_holder(fuse_fd: int, lock_fd: int, mountpoint: str,
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     argv = helper_argv(FUSE_HOLDER, str(theirs.fileno()), str(fuse_fd), str(lock_fd),
                        mountpoint, socket_path(mountpoint), "--", *respawn)
-    with theirs:
-        try:
-            pid = _exec_later(argv, (theirs.fileno(), fuse_fd, lock_fd), HOLDER_DELAY)
-        except OSError as e:
-            ours.close()
-            raise MountError(f"the FUSE holder of {mountpoint} did not start ({e}); "
-                             "mount without --hold") from None
+    try:   # not `with`: _socket.socket is no context manager
+        pid = _exec_later(argv, (theirs.fileno(), fuse_fd, lock_fd), HOLDER_DELAY)
+    except OSError as e:
+        ours.close()
+        raise MountError(f"the FUSE holder of {mountpoint} did not start ({e}); "
+                         "mount without --hold") from None
+    finally:
+        theirs.close()
     log.info("FUSE holder pid %d keeps the connection of %s", pid, mountpoint)
     return Lease(ours, fuse_fd)
 

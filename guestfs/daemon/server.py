@@ -440,6 +440,15 @@ class ViewServer:
         except Exception:  # noqa: BLE001 - a reader gone or refused: not a hit
             return False
 
+    def _shared(self, key: str, path: str, data: bytes) -> bytes:
+        """``data``, or the view's last rendering of ``path`` if it is the same bytes: the
+        per-open store (renderings.OpenRenderings) keeps a rendering per open handle, and
+        equal renderings as one object cost it one reference each, not one copy (the
+        per-caller daemon held 394 copies of meminfo, 591 KiB, after 9,000 reads).
+        Called with the lock held."""
+        last = self._last_good.get((key, path))
+        return last if last is not None and last == data else data
+
     def _render(self, path: str, pid: int, who: Reader,
                 pinned: tuple[str, str] | None = None) -> tuple[float, bytes]:
         try:
@@ -467,8 +476,9 @@ class ViewServer:
                                    view.own_threads, view.memo, offset).encode()
             fresh_only = path in UNCACHED or view.young
             due = time.monotonic() if fresh_only else view.born + self.config.cache_ttl
-            out = (due, data)
             with self._lock:
+                data = self._shared(key, path, data)
+                out = (due, data)
                 if not fresh_only:
                     self._rendered[(key, path)] = out
                 self._last_good[(key, path)] = data

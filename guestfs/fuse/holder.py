@@ -70,7 +70,7 @@ def say(msg: str) -> None:
         os.write(2, f"guestfs-holder[{os.getpid()}]: {msg}\n".encode(errors="replace"))
 
 
-NAME = b"guestfs-holder"   # /proc/PID/comm: what ps, pgrep -x and top show
+NAME = holdwire.HOLDER_NAME   # /proc/PID/comm: what ps, pgrep -x and top show
 
 
 def name_self() -> None:

@@ -26,6 +26,9 @@ MAX_MESSAGE = 65536
 MAX_FDS = 2
 SUFFIX = ".holder"     # <lock dir>/<mount key>.holder: the holder's listening socket
 HANDOFF = "fuse-holder.sock"   # <lock dir>/fuse-holder.sock: the standalone holder's
+# /proc/PID/comm of a holder: what ps, pgrep -x and top show. Here, not in holder.py, so
+# that the serving daemon names its holder's child without importing the holder (52 KiB).
+HOLDER_NAME = b"guestfs-holder"
 VERBS = frozenset({b"ready", b"negotiated", b"serve", b"stop", b"granted", b"refused",
                    b"yield", b"hold"})
 

@@ -389,3 +389,12 @@ def test_a_young_cgroups_view_is_checked_against_its_limit_files(copy_fixture, m
     (pod / "memory.max").write_text(f"{512 << 20}\n")
     # Cached for the TTL, as any view of a grown-up cgroup is.
     assert meminfo_kb(srv2.render("/proc/meminfo", 7).decode())["MemTotal"] == 256 * 1024
+
+
+def test_an_unchanged_rendering_is_the_same_object_as_the_last():
+    # The per-open store keeps one rendering per open handle: equal renderings must be
+    # one object there, not one copy per open (docs/performance.md, "Daemon memory").
+    srv, _ = server(fixture_root("k8s-systemd-v2-burstable"), cache_ttl=0)
+    first = srv.render("/proc/meminfo", 7)
+    again = srv.render("/proc/meminfo", 7)
+    assert again == first and again is first
