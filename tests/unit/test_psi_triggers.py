@@ -345,3 +345,22 @@ def test_the_host_file_is_reopened_from_its_pinned_descriptor(tmp_path):
         assert e.value.errno == errno.ENOENT
     finally:
         os.close(pin)
+
+
+def test_a_source_gone_polls_as_untriggered_and_wakes_its_poller(source):
+    """A removed cgroup's pressure file polls POLLERR (and PRI) from then on: the poller
+    is woken once and told the trigger is gone, and the watcher does not spin on it. A
+    reset connection stands in for it (EPOLLERR)."""
+    import struct
+    woken: list[int] = []
+    t = Triggers(lambda kh: woken.append(kh) or 0)
+    t.add(5, source.fd, "view")
+    t.write(5, b"x")
+    assert t.poll(5, 42) == abi.DEFAULT_POLLMASK
+    source.peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    source.peer.close()                                   # RST: EPOLLERR on ours
+    assert wait_for(lambda: t.counts["gone"] == 1)
+    assert woken == [42] and t.poll(5, None) == NO_TRIGGER
+    time.sleep(0.2)
+    assert t.counts["gone"] == 1 and woken == [42]       # reported once, not at every wait
+    t.stop()
