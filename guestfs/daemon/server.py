@@ -100,6 +100,10 @@ class _View:
     # was, the app's first reads (a JVM sizing its heap) got the node's. Young until this
     # moment (time.monotonic()): a view cached for a TTL grows up while it is cached.
     young_until: float = 0.0
+    # Some level is read through a reader's root (sources/reader_root.py: the daemon's
+    # own mounts do not show the cgroup, as in a sidecar): the counters read at each
+    # render (CPU time for /proc/stat) go through that reader's /proc/<pid>/root.
+    anchored: bool = False
 
     @property
     def young(self) -> bool:
@@ -263,7 +267,9 @@ class ViewServer:
         age = cgroup_age(self.host, snap)
         return _View(snap, lim, born, container_incarnation(self.host, snap, lim.cpu_cgroup),
                      self._own_threads(),
-                     young_until=born + YOUNG - age if age is not None and age < YOUNG else 0.0)
+                     young_until=born + YOUNG - age if age is not None and age < YOUNG else 0.0,
+                     anchored=any(lv.anchor for h in snap.hierarchies.values()
+                                  for lv in h.levels))
 
     def _explicit(self) -> ExplicitLimits:
         """The explicit limits now: the downward API's files as kubelet last wrote them,
@@ -303,6 +309,12 @@ class ViewServer:
         with self._lock:
             view = self._views.get(key)
         if view is not None and view.young and not self._limits_unchanged(view):
+            view = None
+        if view is not None and view.anchored and not anchors_alive(self.host, view.snap):
+            # Built through the root of a reader that has exited (a `cat`): its counters
+            # can no longer be read through it, and /proc/stat held the CPU time still
+            # (measured in the sidecar pattern: 100 % idle while the container used 10 %
+            # of its CPU). Built again through the reader asking now.
             view = None
         if view is None:
             view = self._build_view(key, pid)

@@ -107,8 +107,12 @@ def _process_level(snap: Snapshot, cgroup: str | None) -> tuple[Hierarchy, Level
 
 
 def _directory_identity(host: HostRoot, level: Level) -> object:
+    # By cgroup path, not by directory: a level read through a reader's root
+    # (/proc/<pid>/root/sys/fs/cgroup/...) is the same cgroup whichever reader's root
+    # it was read through (the sidecar's views are built again by each reader, and every
+    # new directory string restarted the container's CPU clock and age).
     st = level_stat(host, level)
-    return None if st is None else (level.directory, st.st_dev, st.st_ino)
+    return None if st is None else (level.cgroup, st.st_dev, st.st_ino)
 
 
 def container_incarnation(host: HostRoot, snap: Snapshot, cgroup: str | None) -> object:

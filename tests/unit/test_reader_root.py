@@ -254,3 +254,21 @@ def test_reads_stop_once_the_reader_exits_and_its_pid_is_reused(copy_fixture):
     stat = root / "proc/7/stat"
     stat.write_text(stat.read_text().replace(" 35601000 ", " 35609999 "))
     assert level_text(host, leaf, "cpuacct.usage") is None
+
+
+def test_one_container_has_one_identity_whichever_readers_root_reached_it():
+    """Pids 7, 8 and 9 share the app container's cgroup; each reaches it through its own
+    /proc/<pid>/root. A view built again by another reader (its first reader exited) is
+    the same container: an identity taken from the directory string restarted the CPU
+    clock and the age at every rebuild (the sidecar's /proc/stat went from (2, 0, 9, 132)
+    to (0, 0, 0, 641678), measured through containerd)."""
+    from guestfs.engine.limits import effective_limits
+    from guestfs.sources.usage import container_incarnation
+    host = HostRoot(str(fixture_root(NAME)))
+    ids = set()
+    for pid in ("7", "8", "9"):
+        snap = read_snapshot(host, pid)
+        assert all(lv.anchor is not None and lv.directory.startswith(f"/proc/{pid}/root/")
+                   for h in snap.hierarchies.values() for lv in h.levels)
+        ids.add(container_incarnation(host, snap, effective_limits(snap).cpu_cgroup))
+    assert len(ids) == 1 and None not in ids

@@ -100,13 +100,29 @@ def check_reading(r: Reading, limit: int, cpus: int, syscalls: bool, sysinfo_fre
 
 
 def check_idle(logs, first: Reading) -> None:
-    """An idle pod looks idle: over a few seconds its /proc/stat shows >= 80 % idle (what
-    vmstat and mpstat print), and top's first frame, which covers the container's life,
-    gets there as the start-up's share (the daemon's own, under the wrapper) fades."""
+    """An idle pod looks idle: over a few seconds its /proc/stat shows what the
+    container's own CPU time (cpuacct.usage, the kernel's) leaves idle, within 10 points
+    (vmstat and mpstat print it; the probe itself, some 30 processes every 0.5 s, and the
+    daemon under the wrapper cost 8-18 % here), else >= 80 % idle where that time is not
+    visible; and top's first frame, which covers the container's life, gets there as the
+    start-up's share fades."""
     later, _ = wait_for_reading(logs, lambda r: r.n >= first.n + 4)
     share = probe.idle_share(first, later)
-    assert share >= 0.8, (share, first.cpu_ticks, later.cpu_ticks)
-    r, _ = wait_for_reading(logs, lambda r: (r.top_idle or 0) >= 80, after=later.n)
+    own = probe.own_idle_share(first, later)
+    print(f"idle share {share:.3f}, left by the container's own CPU time "
+          f"{'unseen' if own is None else f'{own:.3f}'} ({first.cg_usage_ns} -> "
+          f"{later.cg_usage_ns} ns; /proc/stat {first.cpu_ticks[:4]} -> "
+          f"{later.cpu_ticks[:4]})")
+    # Counters that only grow (a restarted clock went backwards: top and vmstat take
+    # that for a reboot).
+    assert all(y >= x for x, y in zip(first.cpu_ticks, later.cpu_ticks, strict=True)), \
+        (first.cpu_ticks, later.cpu_ticks)
+    # Where the container's own CPU time is visible, the view follows it within 10
+    # points whichever way (a view holding its CPU time still reads 100 % idle).
+    assert (share >= 0.8 if own is None else abs(share - own) <= 0.1), \
+        (share, own, first.cpu_ticks, later.cpu_ticks)
+    goal = 80 if own is None else min(80, own * 100 - 10)
+    r, _ = wait_for_reading(logs, lambda r: (r.top_idle or 0) >= goal, after=later.n)
     assert r.top_idle is not None
 
 

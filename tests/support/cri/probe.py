@@ -37,6 +37,9 @@ while :; do
   echo "online $($T cat /sys/devices/system/cpu/online)"
   echo "top $($T top -bn1 | $T grep -i -m1 'cpu')"
   echo "cpu $($T head -n 1 /proc/stat)"
+  for u in /sys/fs/cgroup/cpuacct/cpuacct.usage /sys/fs/cgroup/cpu,cpuacct/cpuacct.usage; do
+    [ -r "$u" ] && { echo "cgusage $($T cat $u)"; break; }
+  done
   echo "capeff $($T grep CapEff /proc/self/status)"
   for f in /proc/meminfo /proc/stat /proc/uptime /proc/loadavg /proc/swaps /proc/diskstats \
            /sys/devices/system/cpu/online; do
@@ -88,6 +91,8 @@ class Reading:
     py_memtotal_kb: int | None = None
     cap_eff: int | None = None        # the probe's own effective capabilities
     cpu_ticks: tuple[int, ...] = ()   # /proc/stat's aggregate line: user nice system idle ...
+    # The container's own CPU time in ns (cgroup v1 cpuacct.usage, the kernel's), if visible
+    cg_usage_ns: int | None = None
 
     @property
     def processors(self) -> int:
@@ -147,6 +152,8 @@ def parse(log: str) -> list[Reading]:
             cur.files[path] = (int(size) if size.isdigit() else 0, last)
         elif word == "capeff":
             cur.cap_eff = int(rest.split()[-1], 16)
+        elif word == "cgusage":
+            cur.cg_usage_ns = _int(rest)
         elif word == "cpu":
             cur.cpu_ticks = tuple(int(x) for x in rest.split()[1:])
         elif word == "py":
@@ -161,6 +168,17 @@ def idle_share(a: Reading, b: Reading) -> float:
     delta = [y - x for x, y in zip(a.cpu_ticks, b.cpu_ticks, strict=True)]
     total = sum(delta[:8])
     return delta[3] / total if total else 1.0
+
+
+def own_idle_share(a: Reading, b: Reading, hz: int = 100) -> float | None:
+    """The idle share the container's own CPU time leaves between two readings: its
+    cpuacct.usage (the kernel's) over the view's capacity in that time (its /proc/stat
+    total, CPUs x elapsed ticks). None where the usage is not visible."""
+    if a.cg_usage_ns is None or b.cg_usage_ns is None:
+        return None
+    total = sum(y - x for x, y in zip(a.cpu_ticks[:8], b.cpu_ticks[:8], strict=True))
+    used = (b.cg_usage_ns - a.cg_usage_ns) * hz / 1e9
+    return 1 - used / total if total else None
 
 
 def wait_for_reading(logs: Callable[[], str], ok: Callable[[Reading], bool],
