@@ -33,10 +33,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from guestfs.fuse.abi import DEFAULT_POLLMASK, POLLERR, POLLPRI
-from guestfs.sources.cgroup_path import components
 from guestfs.sources.host_root import HostRoot
 from guestfs.sources.reader_root import open_dir
 from guestfs.sources.snapshot import Level
+from guestfs.system import sysmount
 
 log = logging.getLogger("guestfs.psi")
 
@@ -45,7 +45,6 @@ PER_VIEW = 32
 # What poll reports for a pressure file without a trigger (psi_trigger_poll's answer).
 NO_TRIGGER = DEFAULT_POLLMASK | POLLERR | POLLPRI
 _OPEN_FLAGS = os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -214,7 +213,7 @@ def open_source(host: HostRoot, pins: Mapping[str, int], level: Level | None,
         return os.open(f"/proc/self/fd/{pin}", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
     name = f"{resource}.pressure"
     dfd = open_dir(host, level.anchor, level.directory) if level.anchor is not None \
-        else _walk(host.path(level.directory))
+        else sysmount.open_nofollow(host.path(level.directory))
     try:
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dfd)
         st, dst = os.fstat(fd), os.fstat(dfd)
@@ -224,20 +223,3 @@ def open_source(host: HostRoot, pins: Mapping[str, int], level: Level | None,
         return fd
     finally:
         os.close(dfd)
-
-
-def _walk(directory: str) -> int:
-    """An O_PATH descriptor of ``directory``, walked from / one component at a time
-    without following any symlink (a write as root must not be led elsewhere)."""
-    fd = os.open("/", _DIR)
-    try:
-        for part in components(directory):
-            if part == "..":
-                raise OSError(errno.EINVAL, f"{directory}: '..' component")
-            nxt = os.open(part, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise

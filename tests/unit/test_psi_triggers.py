@@ -21,6 +21,7 @@ from guestfs.fuse.inodes import path_id
 from guestfs.sources.host_root import HostRoot
 from tests.conftest import fixture_root
 from tests.support.fuseframes import PipeSession, frame, init_frame
+from tests.support.mounts import wait_for
 
 PRI = abi.DEFAULT_POLLMASK | abi.POLLPRI
 
@@ -55,15 +56,6 @@ def closed(fd: int) -> bool:
     except OSError as e:
         return e.errno == errno.EBADF
     return False
-
-
-def wait_for(cond, timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 @pytest.fixture
