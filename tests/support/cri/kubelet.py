@@ -38,6 +38,7 @@ from tests.support.cri.translate import (
 )
 
 INIT_TIMEOUT = 120.0
+STOP_TRIES = 4
 
 
 class PodFailed(RuntimeError):
@@ -389,11 +390,34 @@ class Pod:
         for c in reversed(self.plan.containers):
             cid = self.ids.get(c.name)
             if cid:
-                rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=grace),
-                                 timeout=grace + 60)
+                self._stop_container(cid, grace)
         if self.sandbox_id:
             rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=self.sandbox_id),
                               timeout=60)
+
+    def _stop_container(self, cid: str, grace: int) -> None:
+        """StopContainer, tried again as kubelet's pod sync tries a failed kill again: the
+        shim's ttrpc connection can close under a kill racing the task's own exit ("failed
+        to kill container: ttrpc: closed"), and the container is then exited or stoppable
+        on the next try. Still failing after STOP_TRIES, it raises with containerd's log."""
+        import grpc  # as node.py: loaded with the node, not at collection
+
+        rt, pb = self.node.runtime, self.pb
+        for attempt in range(STOP_TRIES):
+            try:
+                rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=grace),
+                                 timeout=grace + 60)
+                return
+            except grpc.RpcError as e:
+                with contextlib.suppress(grpc.RpcError):
+                    st = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
+                                            timeout=30).status
+                    if st.state == pb.CONTAINER_EXITED:
+                        return
+                if attempt == STOP_TRIES - 1:
+                    raise NodeError(f"StopContainer {cid[:12]}: {e.details()}\n"
+                                    f"{self.node.log_tail(40)}") from e
+                time.sleep(1.0)
 
     def remove(self, grace: int = 0) -> None:
         """Stop and remove every container and the sandbox, then the pod's cgroup and its
