@@ -37,7 +37,7 @@ from typing import Any
 
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.kernel_entries import EntryDropper
-from guestfs.daemon.psi_triggers import NO_TRIGGER, Triggers
+from guestfs.daemon.psi_triggers import NO_TRIGGER, Keeper, Triggers
 from guestfs.daemon.pusher import CHANGED, GONE, HELD, SAME, Pusher
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
 from guestfs.daemon.server import UNCACHED, UnseenReader, ViewServer
@@ -194,6 +194,10 @@ class GuestOperations:
         # to (psi_triggers.open_source, given by the daemon), and the open trigger files.
         self.trigger_source: Callable[[Level | None, str], int] | None = None
         self.triggers: Triggers | None = None
+        # A held mount's (mount.py): the holder, told every trigger's state, and what a
+        # predecessor left with it (held.Lease.kept).
+        self.trigger_keeper: Keeper | None = None
+        self.adopted_triggers: list[tuple[int, bytes, int]] = []
         self._notifier: Any = None
         self._polled_entry_timeout: float | None = None
         # Vanished containers forgotten, and of those whose kernel entry was dropped.
@@ -336,15 +340,22 @@ class GuestOperations:
     def _take_triggers(self, notifier: Any) -> None:
         """Where every open reaches the daemon (no page cache), with somewhere to write
         triggers to: a pressure file opened for writing takes one (psi_triggers.py)."""
+        kept, self.adopted_triggers = self.adopted_triggers, []
         if self.page_cache or self.per_container or self.trigger_source is None \
                 or self.triggers is not None:
+            for _, _, fd in kept:
+                os.close(fd)
             return
-        self.triggers = Triggers(notifier.poll)
+        self.triggers = Triggers(notifier.poll, keeper=self.trigger_keeper)
         self._server.serving["psi_triggers"] = self.triggers.counts
         # An instance attribute, for guestfs's engine only: a libfuse binding registers
         # the class's callbacks. (release too, once a trigger is open.)
         self.write = self._write_trigger
         log.info("pressure files take PSI triggers (write, then poll for POLLPRI)")
+        if kept:
+            self.triggers.adopt(kept)
+            self.release = self._release_trigger
+            log.info("%d PSI triggers kept from the previous daemon", len(self.triggers))
 
     def _open_trigger(self, fh: int, sub: str, cgroup: str | None) -> None:
         assert self.triggers is not None and self.trigger_source is not None

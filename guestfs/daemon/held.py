@@ -60,6 +60,30 @@ class Lease:
         self._stopped = threading.Lock()
         self.holder_gone = threading.Event()    # the holder ended the lease (killed)
         self.stopped_cleanly = False
+        # A successor's: the PSI triggers its predecessors left, (handle, record, fd).
+        self.kept: list[tuple[int, bytes, int]] = []
+        self._untold = False    # a trigger's state the holder was not told: logged once
+
+    def keep(self, fh: int, record: bytes, fd: int | None = None) -> bool:
+        """The holder keeps the trigger of handle ``fh`` (its descriptor, given the first
+        time) for this daemon's successor (psi_triggers.Triggers' keeper). Never blocks:
+        a holder that does not read (stopped, gone) is not told (False; the status file
+        counts it)."""
+        return self._tell(b"keep", b"%d\n%s" % (fh, record), () if fd is None else (fd,))
+
+    def drop(self, fh: int) -> bool:
+        return self._tell(b"drop", b"%d" % fh, ())
+
+    def _tell(self, verb: bytes, payload: bytes, fds: tuple[int, ...]) -> bool:
+        try:
+            holdwire.send(self.sock, verb, payload, fds, socket.MSG_DONTWAIT)
+            return True
+        except (OSError, holdwire.BadMessage) as e:
+            if not self._untold:
+                self._untold = True
+                log.warning("the FUSE holder was not told of a PSI trigger (%s): a "
+                            "successor of this daemon may not keep it", e)
+            return False
 
     def send_negotiated(self, negotiated_json: str) -> None:
         try:
@@ -197,12 +221,10 @@ def _exchange(sock: socket.socket, what: str, verb: bytes, payload: bytes,
     try:
         sock.settimeout(ANSWER_TIMEOUT)
         holdwire.send(sock, verb, payload, fds)
-        msg = holdwire.recv(sock)
-        sock.settimeout(None)
     except (OSError, holdwire.BadMessage) as e:
         sock.close()
         raise MountError(f"{what} did not answer ({e})") from None
-    return msg
+    return _receive(sock, what)
 
 
 def ask(mountpoint: str) -> Lease | None:
@@ -215,9 +237,15 @@ def ask(mountpoint: str) -> Lease | None:
     except OSError:
         sock.close()
         return None
-    msg = _exchange(sock, f"{mountpoint}: its FUSE holder", b"serve",
-                    str(os.getpid()).encode())
+    what = f"{mountpoint}: its FUSE holder"
+    msg = _exchange(sock, what, b"serve", str(os.getpid()).encode())
+    kept: list[tuple[int, bytes, int]] = []
+    while msg is not None and msg[0] == b"kept":    # the triggers, then the grant
+        kept.extend(_kept_trigger(msg))
+        msg = _receive(sock, what)
     if msg is None or msg[0] != b"granted" or len(msg[2]) != 2:
+        for _, _, fd in kept:
+            os.close(fd)
         for fd in (msg[2] if msg else []):
             os.close(fd)
         sock.close()
@@ -225,7 +253,37 @@ def ask(mountpoint: str) -> Lease | None:
         raise MountError(one_line(f"{mountpoint} is already served by another guestfs "
                                   f"mount ({why}); one mount per mountpoint"))
     fuse_fd, lock_fd = msg[2]
-    return Lease(sock, fuse_fd, msg[1].decode(), lock_fd, keeps=external_holder_listens())
+    lease = Lease(sock, fuse_fd, msg[1].decode(), lock_fd, keeps=external_holder_listens())
+    lease.kept = kept
+    return lease
+
+
+def _receive(sock: socket.socket, what: str) -> tuple[bytes, bytes, list[int]] | None:
+    """The holder's next message, within ANSWER_TIMEOUT (a one-line MountError if not)."""
+    try:
+        sock.settimeout(ANSWER_TIMEOUT)
+        msg = holdwire.recv(sock)
+        sock.settimeout(None)
+    except (OSError, holdwire.BadMessage) as e:
+        sock.close()
+        raise MountError(f"{what} did not answer ({e})") from None
+    return msg
+
+
+def _kept_trigger(msg: tuple[bytes, bytes, list[int]]) -> list[tuple[int, bytes, int]]:
+    head, _, record = msg[1].partition(b"\n")
+    fds = msg[2]
+    for fd in fds[1:]:
+        os.close(fd)
+    try:
+        fh = int(head)
+    except ValueError:
+        fh = -1
+    if fh < 0 or not fds:
+        if fds:
+            os.close(fds[0])
+        return []
+    return [(fh, record, fds[0])]
 
 
 def handoff_path(lock_dir: str | None = None) -> str:

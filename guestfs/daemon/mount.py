@@ -292,6 +292,9 @@ def serve(opts: MountOptions) -> int:
         kwargs = _fuse_options(opts, binding, serving)
         if serving.lease is not None:
             kwargs.update(_held_options(serving.lease, ops))
+            # The PSI triggers outlive this daemon with the holder (psi_triggers.py).
+            ops.trigger_keeper, ops.adopted_triggers = serving.lease, serving.lease.kept
+            serving.lease.kept = []
             serving.lease.watch()
         signal.pthread_sigmask(signal.SIG_SETMASK, serving.unblocked)
         gc.enable()   # off while starting (cli/main.py), and in run's fork of us

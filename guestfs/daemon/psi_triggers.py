@@ -17,12 +17,20 @@ daemon without CAP_SYS_RESOURCE (it drops it), a window that is not a multiple o
 files are open at once, and ``per_view`` for the readers of one view, whatever readers
 ask (EMFILE past either): each pins kernel memory, and one container must not take them
 all.
+
+A held mount's triggers outlive the daemon (docs/mount.md, "Takeover"): the holder is
+given each trigger file's descriptor (which keeps the kernel's trigger) and its state at
+every change (``keeper``), and a successor adopts them before it serves, so a reader
+polling through a daemon's death sees its events and never a POLLERR. An event that
+fires in the instant of the death may be reported twice, or lost if the dead daemon had
+taken it from the kernel and not yet told the reader's poll.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import select
@@ -31,6 +39,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from guestfs.fuse.abi import DEFAULT_POLLMASK, POLLERR, POLLPRI
 from guestfs.sources.host_root import HostRoot
@@ -57,12 +66,39 @@ class _Trigger:
     kh: int | None = None   # the kernel's handle of the open file, once it polls
 
 
+class Keeper(Protocol):
+    """Where a held mount's trigger states go (held.Lease): never blocks."""
+
+    def keep(self, fh: int, record: bytes, fd: int | None = None) -> bool: ...
+
+    def drop(self, fh: int) -> bool: ...
+
+
+def _record(t: _Trigger) -> bytes:
+    return json.dumps({"owner": t.owner, "armed": t.armed, "fired": t.fired,
+                       "gone": t.gone, "kh": t.kh}, separators=(",", ":")).encode()
+
+
+def _from_record(fd: int, record: bytes) -> _Trigger:
+    """A kept trigger's state; ValueError for a record that is not one."""
+    try:
+        r = json.loads(record)
+        kh = r["kh"]
+        t = _Trigger(fd, str(r["owner"]), r["armed"] is True, r["fired"] is True,
+                     r["gone"] is True, kh if isinstance(kh, int) else None)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"not a kept trigger: {e}") from None
+    return t
+
+
 class Triggers:
-    """The triggered open files by FUSE handle. ``wake(kh)`` sends FUSE_NOTIFY_POLL."""
+    """The triggered open files by FUSE handle. ``wake(kh)`` sends FUSE_NOTIFY_POLL;
+    ``keeper`` (a held mount's) is told every trigger's state as it changes."""
 
     def __init__(self, wake: Callable[[int], int], limit: int = LIMIT,
-                 per_view: int = PER_VIEW) -> None:
+                 per_view: int = PER_VIEW, keeper: Keeper | None = None) -> None:
         self._wake, self.limit, self.per_view = wake, limit, per_view
+        self._keeper = keeper
         self._by_fh: dict[int, _Trigger] = {}
         self._owned: Counter[str] = Counter()
         self._fds: dict[int, int] = {}        # source fd -> handle, while armed
@@ -72,7 +108,7 @@ class Triggers:
         self._thread: threading.Thread | None = None
         # Shown in the status file.
         self.counts: Counter[str] = Counter(opened=0, released=0, armed=0, fired=0,
-                                            refused=0, gone=0)
+                                            refused=0, gone=0, adopted=0, untold=0)
 
     def __len__(self) -> int:
         return len(self._by_fh)
@@ -89,9 +125,46 @@ class Triggers:
                 os.close(fd)
                 self.counts["refused"] += 1
                 raise OSError(errno.EMFILE, "too many PSI trigger files open")
-            self._by_fh[fh] = _Trigger(fd, owner)
+            self._by_fh[fh] = t = _Trigger(fd, owner)
             self._owned[owner] += 1
             self.counts["opened"] += 1
+            # Before the OPEN is answered: a death after it leaves the holder a trigger
+            # the kernel may never release (bounded by per_view), never a reader's
+            # trigger that no successor knows.
+            self._tell(fh, t, fd)
+
+    def _tell(self, fh: int, t: _Trigger, fd: int | None = None) -> None:
+        """The keeper told ``t``'s state (called holding _lock: in the order it changed)."""
+        if self._keeper is not None and not self._keeper.keep(fh, _record(t), fd):
+            self.counts["untold"] += 1
+
+    def adopt(self, kept: list[tuple[int, bytes, int]]) -> None:
+        """A successor's start: the triggers its predecessor left with the holder
+        (handle, record, descriptor), each as it was, watched again if armed, and every
+        poller they had woken once, to ask again what its file reports (an event fired
+        meanwhile, or while the predecessor died, is there)."""
+        wake = []
+        with self._lock:
+            for fh, record, fd in kept:
+                try:
+                    t = _from_record(fd, record)
+                except ValueError as e:
+                    log.warning("a kept PSI trigger dropped: %s", e)
+                    os.close(fd)
+                    continue
+                if fh in self._by_fh or len(self._by_fh) >= self.limit:
+                    os.close(fd)
+                    continue
+                self._by_fh[fh] = t
+                self._owned[t.owner] += 1
+                self.counts["adopted"] += 1
+                if t.armed and not t.gone:
+                    self._ensure_thread().register(fd, select.EPOLLPRI | select.EPOLLET)
+                    self._fds[fd] = fh
+                if t.kh is not None:
+                    wake.append(t.kh)
+        for kh in wake:
+            self._wake(kh)
 
     def write(self, fh: int, data: bytes) -> int:
         """The trigger written to the source; watched from then on."""
@@ -109,6 +182,7 @@ class Triggers:
                 self._fds[t.fd] = fh
                 t.armed = True
                 self.counts["armed"] += 1
+                self._tell(fh, t)
         return n
 
     def poll(self, fh: int, kh: int | None) -> int:
@@ -117,20 +191,28 @@ class Triggers:
             t = self._by_fh.get(fh)
             if t is None:
                 return NO_TRIGGER
-            if kh is not None:
+            told = kh is not None and kh != t.kh
+            if told:
                 t.kh = kh
             if not t.armed or t.gone:
-                return NO_TRIGGER
-            if t.fired:
-                t.fired = False
-                return DEFAULT_POLLMASK | POLLPRI
-            return DEFAULT_POLLMASK
+                answer = NO_TRIGGER
+            elif t.fired:
+                t.fired, told = False, True
+                answer = DEFAULT_POLLMASK | POLLPRI
+            else:
+                answer = DEFAULT_POLLMASK
+            if told:
+                self._tell(fh, t)
+            return answer
 
     def release(self, fh: int) -> None:
         with self._lock:
             t = self._by_fh.pop(fh, None)
             if t is None:
                 return
+            # Before the RELEASE is answered (add says why).
+            if self._keeper is not None and not self._keeper.drop(fh):
+                self.counts["untold"] += 1
             self._fds.pop(t.fd, None)
             self.counts["released"] += 1
             self._owned[t.owner] -= 1
@@ -194,6 +276,7 @@ class Triggers:
                     elif ev & select.EPOLLPRI:
                         t.fired = True
                         self.counts["fired"] += 1
+                    self._tell(self._fds[fd], t)
                     if t.kh is not None:
                         wake.append(t.kh)
             for kh in wake:

@@ -49,6 +49,10 @@ GRACE = 0.1       # a daemon asking this soon after a death wins over a successo
 MAX_YOUNG = 5     # deaths in a row before serving (a crash loop): the connection ends
 ORPHAN_GRACE = 60.0   # the standalone holder waits this long for a daemon to ask
 ASK_TIMEOUT = 2.0
+# The PSI triggers kept for successors (holdwire's ``keep``): the daemon opens at most 256
+# (psi_triggers.LIMIT); bounded here too, whatever a daemon sends.
+MAX_KEPT = 512
+MAX_RECORD = 4096
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -142,6 +146,8 @@ class Holder:
         self.child: int | None = None     # our successor, started and not yet leased
         self.lost_at: float | None = None
         self.young = 0
+        # Trigger files by FUSE handle: (the daemon's record, the descriptor kept).
+        self.kept: dict[int, tuple[bytes, int]] = {}
         self.listener = listen_at(listen_path, 4)
         self._listen_ino = os.stat(listen_path).st_ino
         # A daemon that died already (it does not wait for this word) has its lease end
@@ -215,15 +221,47 @@ class Holder:
         if msg is None:
             return self._lease_lost()
         verb, payload, fds = msg
+        if verb == b"keep":
+            self._keep(payload, fds)
+            return None
         for fd in fds:
             os.close(fd)
-        if verb == b"negotiated":
+        if verb == b"drop":
+            with suppress(ValueError):
+                old = self.kept.pop(int(payload), None)
+                if old is not None:
+                    os.close(old[1])
+        elif verb == b"negotiated":
             self.negotiated = payload
             self.lease_serving = True
         elif verb == b"stop":
             detach(self.mountpoint)
             return 0
         return None
+
+    def _keep(self, payload: bytes, fds: list[int]) -> None:
+        """A trigger kept (with its descriptor: a new one, which replaces any kept under
+        its handle) or its record updated (without)."""
+        head, _, record = payload.partition(b"\n")
+        fd, extra = (fds[0], fds[1:]) if fds else (None, [])
+        for x in extra:
+            os.close(x)
+        try:
+            fh = int(head)
+        except ValueError:
+            fh = -1
+        old = self.kept.get(fh)
+        if fh < 0 or len(record) > MAX_RECORD or fd is None and old is None \
+                or old is None and len(self.kept) >= MAX_KEPT:
+            if fd is not None:
+                os.close(fd)
+            return
+        if fd is None:
+            assert old is not None
+            fd = old[1]
+        elif old is not None:
+            os.close(old[1])
+        self.kept[fh] = (record, fd)
 
     def _lease_lost(self) -> int | None:
         assert self.lease is not None
@@ -282,6 +320,9 @@ class Holder:
         assert self.negotiated is not None
         pid, _ = holdwire.peer_ids(conn)
         try:
+            # The triggers first: the successor has them before it serves a request.
+            for fh, (record, fd) in self.kept.items():
+                holdwire.send(conn, b"kept", b"%d\n%s" % (fh, record), (fd,))
             holdwire.send(conn, b"granted", self.negotiated, (self.fuse_fd, self.lock_fd))
         except OSError as e:
             say(f"pid {pid} asked and went away ({e.strerror})")
@@ -320,9 +361,10 @@ class Holder:
         for sock in (self.lease, self.pending):
             if sock is not None:
                 sock.close()
-        for fd in (self.fuse_fd, self.lock_fd):
+        for fd in (self.fuse_fd, self.lock_fd, *(fd for _, fd in self.kept.values())):
             with suppress(OSError):
                 os.close(fd)
+        self.kept.clear()
 
 
 class Loop:

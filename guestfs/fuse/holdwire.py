@@ -14,6 +14,13 @@ way for one that asked). To the standalone holder (`guestfs fuse-holder`, listen
 ``HANDOFF``): ``hold`` (a mount just made: the /dev/fuse descriptor and the mount lock;
 payload ``SOCKET-NAME\nMOUNTPOINT``). A daemon's stop is never said to it: its lease
 ends with its process, and the connection is kept for the next daemon.
+
+The PSI triggers readers keep on the connection's open files outlive their daemon the
+same way (daemon/psi_triggers.py): ``keep`` (daemon to holder; payload ``FH\nRECORD``,
+the trigger file's descriptor the first time, the record alone after) has the holder
+keep a trigger, ``drop`` (payload ``FH``) let it go, and ``kept`` (holder to a
+successor, before its ``granted``; as ``keep``, with the descriptor) hands each on. The
+record is the daemon's, opaque to the holder.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ HANDOFF = "fuse-holder.sock"   # <lock dir>/fuse-holder.sock: the standalone hol
 # that the serving daemon names its holder's child without importing the holder (52 KiB).
 HOLDER_NAME = b"guestfs-holder"
 VERBS = frozenset({b"ready", b"negotiated", b"serve", b"stop", b"granted", b"refused",
-                   b"yield", b"hold"})
+                   b"yield", b"hold", b"keep", b"drop", b"kept"})
 
 
 class BadMessage(ValueError):
@@ -38,14 +45,17 @@ class BadMessage(ValueError):
 
 
 def send(sock: socket.socket, verb: bytes, payload: bytes = b"",
-         fds: tuple[int, ...] = ()) -> None:
+         fds: tuple[int, ...] = (), flags: int = 0) -> None:
+    """``flags``: MSG_DONTWAIT where a full socket must not block the sender (a serving
+    daemon's worker must never wait for its holder)."""
     data = verb + b"\n" + payload
     if verb not in VERBS or len(data) > MAX_MESSAGE or len(fds) > MAX_FDS:
         raise BadMessage(f"cannot send {verb!r} ({len(data)} bytes, {len(fds)} fds)")
     if fds:
-        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _pack_fds(fds))])
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _pack_fds(fds))],
+                     flags)
     else:
-        sock.send(data)
+        sock.send(data, flags)
 
 
 def recv(sock: socket.socket) -> tuple[bytes, bytes, list[int]] | None:

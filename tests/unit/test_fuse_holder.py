@@ -31,6 +31,15 @@ s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 s.connect(sys.argv[1])
 holdwire.send(s, b"serve", str(os.getpid()).encode())
 verb, payload, fds = holdwire.recv(s)
+kept = []
+while verb == b"kept":        # the triggers kept, before the grant: each written to
+    os.write(fds[0], b"k")
+    os.close(fds[0])
+    kept.append(payload.replace(b"\n", b":").decode())
+    verb, payload, fds = holdwire.recv(s)
+if kept:
+    with open(sys.argv[2], "a") as f:
+        f.write(f"{os.getpid()} kept {','.join(kept)}\n")
 with open(sys.argv[2], "a") as f:
     f.write(f"{os.getpid()} {verb.decode()} {len(fds)} {payload.decode()}\n")
 if verb == b"granted":
@@ -241,3 +250,61 @@ def test_hold_with_a_libfuse_binding_is_one_line() -> None:
 
     with pytest.raises(MountError, match="--hold needs guestfs's own FUSE engine"):
         _check_hold(_opts("mfusepy3"))
+
+
+def test_triggers_kept_are_handed_to_the_successor_before_its_grant(fake: Fake) -> None:
+    """keep (a descriptor, then a record update), drop, and the death: the successor is
+    handed each trigger still kept, with the same open file, before the connection."""
+    holdwire.send(fake.lease, b"negotiated", b"PARAMS")
+    pipes = [os.pipe() for _ in range(3)]
+    try:
+        for fh, (_, w) in zip((7, 8, 9), pipes, strict=True):
+            holdwire.send(fake.lease, b"keep", b"%d\nfirst" % fh, (w,))
+        holdwire.send(fake.lease, b"keep", b"7\narmed")        # the state, updated
+        holdwire.send(fake.lease, b"drop", b"8")
+        holdwire.send(fake.lease, b"keep", b"10\nno descriptor")  # unknown: ignored
+        holdwire.send(fake.lease, b"keep", b"x\nbad handle", (os.dup(pipes[2][1]),))
+        fake.lease.close()                                     # the daemon died
+        assert wait_for(lambda: len(fake.lines()) >= 2)
+        pid, verb, kept = fake.lines()[0].split()
+        assert verb == "kept" and sorted(kept.split(",")) == ["7:armed", "9:first"]
+        assert fake.lines()[1].split()[1:3] == ["granted", "2"]
+        for (r, _), fh in zip(pipes, (7, 8, 9), strict=True):
+            os.set_blocking(r, False)
+            try:
+                got = os.read(r, 8)
+            except BlockingIOError:
+                got = b""
+            assert got == (b"" if fh == 8 else b"k"), fh
+    finally:
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+
+
+def test_the_holder_bounds_what_it_keeps(fake: Fake) -> None:
+    from guestfs.fuse import holder
+
+    holdwire.send(fake.lease, b"negotiated", b"PARAMS")
+    r, w = os.pipe()
+    try:
+        big = b"x" * (holder.MAX_RECORD + 1)
+        holdwire.send(fake.lease, b"keep", b"1\n" + big, (w,))
+        for fh in range(2, holder.MAX_KEPT + 10):
+            holdwire.send(fake.lease, b"keep", b"%d\nr" % fh, (w,))
+        # Every descriptor the holder would keep past its bound is closed: it holds
+        # MAX_KEPT of the pipe's write end, and the record too large none.
+        pid = fake.proc.pid
+        assert wait_for(lambda: _pipe_fds(pid, w) == holder.MAX_KEPT, 10), _pipe_fds(pid, w)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _pipe_fds(pid: int, fd: int) -> int:
+    target = os.readlink(f"/proc/self/fd/{fd}")
+    n = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/{pid}/fd/{name}") == target
+    return n

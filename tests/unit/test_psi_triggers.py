@@ -356,3 +356,107 @@ def test_a_source_gone_polls_as_untriggered_and_wakes_its_poller(source):
     time.sleep(0.2)
     assert t.counts["gone"] == 1 and woken == [42]       # reported once, not at every wait
     t.stop()
+
+
+# ------------------------------------------------------------------ kept by a holder
+
+
+class Keeper:
+    """held.Lease's side of the holder: what it was told, and the descriptors kept (dups,
+    as SCM_RIGHTS gives the holder)."""
+
+    def __init__(self, answer: bool = True) -> None:
+        self.kept: dict[int, tuple[bytes, int]] = {}
+        self.told: list[tuple[str, int]] = []
+        self.answer = answer
+
+    def keep(self, fh: int, record: bytes, fd: int | None = None) -> bool:
+        self.told.append(("keep", fh))
+        if fd is not None:
+            self.kept[fh] = (record, os.dup(fd))
+        elif fh in self.kept:
+            self.kept[fh] = (record, self.kept[fh][1])
+        return self.answer
+
+    def drop(self, fh: int) -> bool:
+        self.told.append(("drop", fh))
+        record_fd = self.kept.pop(fh, None)
+        if record_fd is not None:
+            os.close(record_fd[1])
+        return self.answer
+
+    def handed_on(self) -> list[tuple[int, bytes, int]]:
+        out = [(fh, rec, os.dup(fd)) for fh, (rec, fd) in self.kept.items()]
+        return out
+
+    def close(self) -> None:
+        for _, fd in self.kept.values():
+            os.close(fd)
+
+
+def test_every_state_change_is_told_to_the_keeper_and_a_release_drops_it(source):
+    k = Keeper()
+    t = Triggers(lambda kh: 0, keeper=k)
+    t.add(5, source.fd, "view")
+    t.write(5, b"some 1 2\0")                     # armed
+    t.poll(5, 77)                                 # the kernel's handle learnt
+    t.poll(5, 77)                                 # nothing new: not told again
+    source.fire()
+    assert wait_for(lambda: t.counts["fired"] == 1)
+    assert t.poll(5, 77) == PRI                   # consumed: told
+    assert k.told == [("keep", 5)] * 5
+    record = k.kept[5][0]
+    assert b'"armed":true' in record and b'"fired":false' in record and b'"kh":77' in record
+    t.release(5)
+    assert k.told[-1] == ("drop", 5) and 5 not in k.kept
+    t.stop()
+
+
+def test_a_successor_adopts_a_trigger_as_it_was_and_sees_what_fired_meanwhile(source):
+    """The predecessor dies (stop closes its descriptors; the keeper's dup keeps the
+    trigger); an event fires before the successor serves; it adopts, wakes the kernel's
+    handle, and reports the event once."""
+    k = Keeper()
+    first = Triggers(lambda kh: 0, keeper=k)
+    first.add(5, source.fd, "view")
+    first.write(5, b"some 1 2\0")
+    first.poll(5, 77)
+    first.stop()                                   # the death: its descriptor closed
+    source.fire()                                  # while no daemon serves
+    woken: list[int] = []
+    second = Triggers(lambda kh: woken.append(kh) or 0, keeper=k)
+    second.adopt(k.handed_on())
+    assert second.counts["adopted"] == 1 and 5 in second
+    assert wait_for(lambda: second.counts["fired"] == 1)
+    assert 77 in woken                             # the waiting poll asked again
+    assert second.poll(5, None) == PRI and second.poll(5, None) == abi.DEFAULT_POLLMASK
+    second.release(5)
+    assert 5 not in k.kept
+    second.stop()
+    k.close()
+
+
+def test_an_adopted_unarmed_or_bad_record_is_kept_as_it_was_or_dropped():
+    k = Keeper()
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    t = Triggers(lambda kh: 0, keeper=k)
+    t.adopt([(1, b'{"owner":"v","armed":false,"fired":false,"gone":false,"kh":null}', r1),
+             (2, b"not json", r2)])
+    assert 1 in t and 2 not in t and closed(r2)
+    assert t.poll(1, None) == NO_TRIGGER           # opened, no trigger written yet
+    assert t._owned["v"] == 1                      # its view's share counted
+    t.stop()
+    assert closed(r1)
+    for fd in (w1, w2):
+        os.close(fd)
+
+
+def test_a_keeper_that_cannot_be_told_is_counted(source):
+    k = Keeper(answer=False)
+    t = Triggers(lambda kh: 0, keeper=k)
+    t.add(5, source.fd, "view")
+    t.release(5)
+    assert t.counts["untold"] == 2
+    t.stop()
+    k.close()
