@@ -256,7 +256,9 @@ class Session:
         finally:
             with self._idle:
                 self._active -= 1
-                if self._active == 0:
+                # Only quiesce() waits (it sets _stopping under this lock first): no
+                # notify per request otherwise.
+                if self._active == 0 and self._stopping:
                     self._idle.notify_all()
 
     def _handle(self, frame: bytes) -> None:
