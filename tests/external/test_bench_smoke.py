@@ -104,3 +104,13 @@ def test_bench_startup_smoke(tmp_path: Path) -> None:
         assert row["over_lxcfs"] > 0
     assert isinstance(r["target_met"], bool) and r["target_s"] == 0.15
     assert "guestfs run, mount reused" in out.stdout
+
+
+def test_bench_engine_smoke() -> None:
+    """The engine's in-process path serves a whole rendering and reports its ratio."""
+    require_v1_root()
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_engine.py"),
+                          "--ops", "50", "--profile", "tottime"],
+                         capture_output=True, text=True, cwd="/", timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "engine/kernel" in out.stdout and "function calls" in out.stdout, out.stdout
