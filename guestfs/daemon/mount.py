@@ -269,6 +269,7 @@ class _Serving:
     target: str            # where libfuse mounts (privileges.mount_then_drop)
     layout: str
     cached: bool           # page-cached files (fusefs.init_with_config may still refuse)
+    triggers: bool         # PSI triggers taken (takes_triggers): a writable mount
     unblocked: set[signal.Signals] = field(default_factory=set)
     lease: held.Lease | None = None   # --hold: this daemon's lease of the holder
 
@@ -283,7 +284,7 @@ def serve(opts: MountOptions) -> int:
         serving = _set_up(opts, mp, binding, stack)
         ops = make_operations(binding.module, serving.server, serving.layout,
                               DIRECT_ATTR_TIMEOUT, ready)
-        if takes_triggers(opts, binding, serving.server):
+        if serving.triggers:
             ops.trigger_source = functools.partial(open_source, serving.host,
                                                    serving.host.pins)
         _describe(opts, mp, binding, serving)
@@ -400,8 +401,9 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
         write_pid(pid_file, os.getpid())
     # Before any thread starts: capabilities are dropped per thread, and a thread started
     # earlier would keep every one of them.
+    triggers = takes_triggers(opts, binding, server)
     dropped = _mount_and_drop(opts, mp, binding, lock_fd, lease, not server.fixed_view,
-                              not takes_triggers(opts, binding, server))
+                              not triggers)
     if dropped:
         stack.callback(dropped.finish)
     lease = getattr(dropped, "lease", None)    # held.Held's
@@ -412,13 +414,17 @@ def _set_up(opts: MountOptions, mp: str, binding: Binding,
     # default disposition, and Python has its own SIGINT handler.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    layout = "per-container" if opts.per_container else \
-        "fixed" if server.fixed_view else "per-caller"
+    layout = _layout(opts, server)
     # Page-cached files are revalidated by one GETATTR per REVALIDATE at most; libfuse3 tells
     # in its init whether the kernel's client can do it at all (fusefs.init_with_config).
     cached = layout != "per-caller" and binding.sees_capabilities
     return _Serving(server, host, dropped.target if dropped else mp, layout, cached,
-                    unblocked, lease)
+                    triggers, unblocked, lease)
+
+
+def _layout(opts: MountOptions, server: ViewServer) -> str:
+    return "per-container" if opts.per_container else \
+        "fixed" if server.fixed_view else "per-caller"
 
 
 def takes_triggers(opts: MountOptions, binding: Binding, server: ViewServer) -> bool:
@@ -464,7 +470,7 @@ def _fuse_options(opts: MountOptions, binding: Binding, serving: _Serving) -> di
     # which sendfile, splice and mmap stop at; an fstat asks for the open handle's own.
     attr_timeout = min(opts.cache_ttl, REVALIDATE) if serving.cached else DIRECT_ATTR_TIMEOUT
     kwargs: dict[str, Any] = {
-        "foreground": True, "ro": not takes_triggers(opts, binding, serving.server),
+        "foreground": True, "ro": not serving.triggers,
         "nothreads": False, "fsname": FSNAME,
         "subtype": FSNAME, "attr_timeout": attr_timeout, "entry_timeout": ATTR_TIMEOUT,
         "default_permissions": True}
