@@ -11,8 +11,10 @@ test and the readers are plain `cat` processes placed in the cgroups under test.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -39,10 +41,10 @@ SCOPE = f"{POD}/cri-containerd-{CID}.scope"
 CONTROLLERS = "+cpuset +cpu +io +memory +pids"
 
 
-def daemon_log(lines: int = 40) -> str:
-    """The tail of the guest daemon's log, for a failure's message (the VM is gone after)."""
+def daemon_log(lines: int = 40, path: str = GFS_LOG) -> str:
+    """The tail of a guest daemon's log, for a failure's message (the VM is gone after)."""
     try:
-        with open(GFS_LOG, errors="replace") as f:
+        with open(path, errors="replace") as f:
             return "guestfs log:\n" + "".join(f.readlines()[-lines:])
     except OSError as e:
         return f"no guestfs log ({e})"
@@ -357,3 +359,250 @@ def test_fresh_idle_container_in_every_client_under_run():
     assert r["node"]["totalmem"] == 512 << 20 and r["psutil"]["total"] == 512 << 20
     assert r["top"]["mem_total_mib"] == 512
     assert {r["node"]["cpus"], r["psutil"]["count"]} == {2}
+
+
+# ------------------------------------------------------------------ PSI triggers on v2
+
+# LXCFS's trigger (its tests/test_psi_poll.c): 20 ms stalled within a 2 s window. The
+# daemon has dropped CAP_SYS_RESOURCE, so its triggers are unprivileged ones: a window
+# that is a multiple of 2 s is the only kind such a writer may set (Linux >= 6.5, and
+# Debian's 6.1.192 this guest boots, which has that change backported).
+PSI_TRIGGER = b"some 20000 2000000\n"
+PSI_THRESHOLD_US = 20_000
+PSI_UNPRIVILEGED_REFUSED = b"some 20000 1000000\n"   # 1 s: CAP_SYS_RESOURCE only
+PSI_SECONDS = 9.0
+# Without CAP_SYS_RESOURCE, as the daemon is (so a trigger it writes is the kind the
+# daemon's is: checked on PSI's 2 s averaging clock, not its fast poller).
+UNPRIVILEGED = ["setpriv", "--inh-caps=-sys_resource", "--bounding-set=-sys_resource"]
+PSI_MP = "/run/gfs-psi"
+PSI_LOG = PSI_MP + ".log"
+# A reader (argv: seconds, trigger, a refused trigger, paths): first writes the refused
+# trigger to the first path, keeping the errno (0: taken); then opens each path for
+# writing, writes the trigger, says "armed", waits for "go" on stdin, polls them all for
+# POLLPRI for the seconds given, closes them and prints the errno and its events
+# ([seconds after go, path index, revents]).
+PSI_READER = """
+import json, os, select, sys, time
+seconds, trigger, refused_trigger = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+paths = sys.argv[4:]
+def attempt(data):
+    fd = os.open(paths[0], os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(fd, data)
+        return 0
+    except OSError as e:
+        return e.errno
+    finally:
+        os.close(fd)
+refused = attempt(refused_trigger.encode())
+fds = [os.open(p, os.O_RDWR | os.O_NONBLOCK) for p in paths]
+for fd in fds:
+    os.write(fd, trigger.encode())
+p = select.poll()
+for fd in fds:
+    p.register(fd, select.POLLPRI)
+print("armed", flush=True)
+sys.stdin.readline()
+t0 = time.monotonic()
+events = []
+while (left := seconds - (time.monotonic() - t0)) > 0:
+    for fd, ev in p.poll(left * 1000):
+        events.append([round(time.monotonic() - t0, 2), fds.index(fd), ev])
+for fd in fds:
+    os.close(fd)
+print(json.dumps({"refused": refused, "events": events}), flush=True)
+"""
+
+
+def psi_some_total(path: str) -> int:
+    """The "some" stall total (µs) of a pressure file."""
+    with open(path) as f:
+        some = next(ln for ln in f if ln.startswith("some "))
+    return int(some.split("total=")[1])
+
+
+def holders(path: str, pids: list[int]) -> list[int]:
+    """Which of ``pids`` hold ``path`` open (by device and inode: the daemon opens it
+    through its own private sysfs, so its link need not read like ours)."""
+    want = os.stat(path)
+    out = []
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    st = os.stat(f"{fd_dir}/{fd}")
+                    if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                        out.append(pid)
+                        break
+    return out
+
+
+def unprivileged_answer(path: str, data: bytes) -> int:
+    """The errno (0: taken) the kernel gives a writer without CAP_SYS_RESOURCE, as the
+    daemon is, writing trigger ``data`` to ``path``."""
+    code = ("import os, sys\ntry:\n os.write(os.open(sys.argv[1], os.O_RDWR), sys.argv[2]"
+            ".encode())\n print(0)\nexcept OSError as e:\n print(e.errno)")
+    out = subprocess.run([*UNPRIVILEGED, sys.executable, "-c", code, path, data.decode()],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+@contextlib.contextmanager
+def psi_reader(cg_dir: str, *paths: str, unprivileged: bool = False
+               ) -> Iterator[subprocess.Popen[str]]:
+    """PSI_READER in ``cg_dir`` on ``paths`` (without CAP_SYS_RESOURCE if
+    ``unprivileged``); killed at the end."""
+    argv = [*(UNPRIVILEGED if unprivileged else []), sys.executable, "-c", PSI_READER,
+            str(PSI_SECONDS), PSI_TRIGGER.decode(), PSI_UNPRIVILEGED_REFUSED.decode(), *paths]
+    proc = subprocess.Popen(["sh", "-c", f'echo $$ > {cg_dir}/cgroup.procs && exec "$@"',
+                             "_", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def wait_armed(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()   # Python starts in ~3 s under emulation
+    if line.strip() != "armed":
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"the PSI reader did not arm its triggers: {line!r} {err}\n"
+                    f"{daemon_log(path=PSI_LOG)}")
+
+
+def psi_counts() -> dict[str, int]:
+    with open(f"{PSI_MP}/.guestfs-status") as f:
+        return dict(json.load(f)["psi_triggers"])
+
+
+def test_psi_trigger_lands_on_the_readers_own_cgroup_file():
+    """Two sibling cgroups, each with cpu.max 100000 100000 (one CPU: the limit applies
+    there, so each one's served cpu pressure is its own cpu.pressure): two busy loops in
+    `busy` are throttled to half their time, which PSI counts as "some" stall there (and
+    on the host); `idle` holds only its reader, asleep in poll. A reader in each writes
+    the trigger to the served proc/pressure/cpu and, as the references, to its own
+    cgroup's cpu.pressure directly (the busy one without CAP_SYS_RESOURCE, so that its
+    trigger is of the daemon's kind; the idle one also to the host's /proc/pressure/cpu),
+    then all poll for POLLPRI together for 9 s. The busy reader's served file fires as
+    its cgroup's own does; the idle reader's served file does not fire while its
+    cgroup's own pressure stays under the threshold, though the host's file fires: the
+    trigger went to the reader's cgroup, not to /proc/pressure. The daemon held each
+    cgroup's file open while armed, counted the triggers opened, armed and fired, and
+    let them go at close."""
+    if not os.path.isdir("/proc/pressure"):
+        with open("/proc/cmdline") as f:
+            assert "psi=0" in f.read(), "no /proc/pressure, yet psi=0 is not set"
+        pytest.skip("this kernel has PSI turned off (psi=0)")
+    cpu_max = {"cpu.max": "100000 100000"}
+    with cgroup_tree("guestfs-psi.slice/busy", {"guestfs-psi.slice/busy": cpu_max}) as busy, \
+            cgroup_tree("guestfs-psi.slice/idle", {"guestfs-psi.slice/idle": cpu_max}) as idle, \
+            mounted(PSI_MP, "--fuse-binding", "guestfs", log=PSI_LOG) as daemon:
+        own = {"busy": f"{busy}/cpu.pressure", "idle": f"{idle}/cpu.pressure"}
+        if not os.path.exists(own["busy"]):
+            pytest.fail(f"/proc/pressure is there but {own['busy']} is not")
+        unprivileged = unprivileged_answer(own["busy"], PSI_TRIGGER)
+        if unprivileged == errno.EPERM:
+            pytest.skip(f"Linux {os.uname().release} takes no PSI trigger from a writer "
+                        "without CAP_SYS_RESOURCE, as the daemon is")
+        assert unprivileged == 0, os.strerror(unprivileged)
+        kernel_refused = unprivileged_answer(own["busy"], PSI_UNPRIVILEGED_REFUSED)
+        before = psi_counts()
+        served = f"{PSI_MP}/proc/pressure/cpu"
+        with psi_reader(busy, served, own["busy"], unprivileged=True) as b_reader, \
+                psi_reader(idle, served, own["idle"], "/proc/pressure/cpu") as i_reader:
+            wait_armed(b_reader)
+            wait_armed(i_reader)
+            armed = psi_counts()
+            # The daemon holds each reader's own cgroup file, and not the other's.
+            held = {k: holders(v, [daemon.pid]) for k, v in own.items()}
+            totals0 = {k: psi_some_total(v) for k, v in own.items()}
+            host0 = psi_some_total("/proc/pressure/cpu")
+            loops = [subprocess.Popen(["sh", "-c", f"echo $$ > {busy}/cgroup.procs && "
+                                       "exec sh -c 'while :; do :; done'"])
+                     for _ in range(2)]
+            try:
+                t0 = time.monotonic()
+                for r in (b_reader, i_reader):
+                    assert r.stdin is not None
+                    r.stdin.write("go\n")
+                    r.stdin.flush()
+                outs = [r.communicate(timeout=PSI_SECONDS + 120) for r in (b_reader,
+                                                                            i_reader)]
+                polled = time.monotonic() - t0
+            finally:
+                for p in loops:
+                    p.kill()
+                    p.wait()
+            totals1 = {k: psi_some_total(v) for k, v in own.items()}
+            host1 = psi_some_total("/proc/pressure/cpu")
+        for r, (_, err) in zip((b_reader, i_reader), outs, strict=True):
+            assert r.returncode == 0, f"{err}\n{daemon_log(path=PSI_LOG)}"
+        b_out, i_out = (json.loads(o.strip().splitlines()[-1]) for o, _ in outs)
+        # RELEASE is asynchronous: the readers' closes reach the daemon shortly after.
+        deadline = time.monotonic() + 10
+        while psi_counts()["released"] - before["released"] < 4 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = psi_counts()
+        released_held = {k: holders(v, [daemon.pid]) for k, v in own.items()}
+    stall = {k: totals1[k] - totals0[k] for k in own}
+    host_stall = host1 - host0
+    events = {
+        "busy_served": [e for e in b_out["events"] if e[1] == 0],
+        "busy_own": [e for e in b_out["events"] if e[1] == 1],
+        "idle_served": [e for e in i_out["events"] if e[1] == 0],
+        "idle_own": [e for e in i_out["events"] if e[1] == 1],
+        "idle_host": [e for e in i_out["events"] if e[1] == 2],
+    }
+    record("psi_trigger_v2", kernel=os.uname().release, trigger=PSI_TRIGGER.decode().strip(),
+           polled_s=round(polled, 1), poll_seconds=PSI_SECONDS,
+           events={k: [e[0] for e in v] for k, v in events.items()},
+           some_stall_us={**stall, "host": host_stall}, daemon_held=held,
+           counts={k: after[k] - before[k] for k in after},
+           refused_1s_window={"served": [b_out["refused"], i_out["refused"]],
+                              "unprivileged_own": kernel_refused})
+    why = f"{events}, stall {stall}, host {host_stall}\n{daemon_log(path=PSI_LOG)}"
+    # Each event is POLLPRI alone, as the kernel's own file reports a live trigger.
+    assert all(e[2] == select.POLLPRI for e in b_out["events"] + i_out["events"]), why
+    # The busy cgroup's pressure rose, and its served file fired as its own file did
+    # (PSI reports at most one event per window: 2 s here).
+    assert stall["busy"] >= PSI_THRESHOLD_US, why
+    assert len(events["busy_own"]) >= 2, why
+    assert len(events["busy_served"]) >= 2, why
+    assert abs(len(events["busy_served"]) - len(events["busy_own"])) <= 1, why
+    # ... each within a window of one on the cgroup's own file: the same kernel events,
+    # told through FUSE_NOTIFY_POLL and the reader's next POLL.
+    own_times = [e[0] for e in events["busy_own"]]
+    lags = [min(abs(e[0] - t) for t in own_times) for e in events["busy_served"]]
+    assert max(lags) < 1.9, (lags, why)
+    # The idle reader's trigger is its cgroup's: it cannot fire while that cgroup
+    # stalled less than the threshold in all the run, whatever the host's file does
+    # (and on a loaded guest that did stall it, no more often than its own file).
+    if stall["idle"] < PSI_THRESHOLD_US:
+        assert events["idle_served"] == [] and events["idle_own"] == [], why
+    else:
+        assert len(events["idle_served"]) <= len(events["idle_own"]) + 1, why
+    # ... while the same trigger on the host's file, which a trigger sent there would
+    # be, fired: the check above could fail.
+    assert host_stall >= PSI_THRESHOLD_US and len(events["idle_host"]) >= 1, why
+    # The daemon held each reader's own cgroup file while armed, and neither after.
+    assert held == {"busy": [daemon.pid], "idle": [daemon.pid]}, (held, why)
+    assert released_held == {"busy": [], "idle": []}, released_held
+    # Four trigger files opened (the refused 1 s windows' and the armed ones, two per
+    # reader), two armed, fired at least as often as the busy reader saw, all released.
+    assert {k: armed[k] - before[k] for k in ("opened", "armed")} == \
+        {"opened": 4, "armed": 2}, (armed, before)
+    assert after["fired"] - before["fired"] >= len(events["busy_served"]), (after, why)
+    assert after["released"] - before["released"] == 4, (after, before)
+    assert after["gone"] == before["gone"] and after["refused"] == before["refused"]
+    # The served file refused the 1 s window as the kernel refuses it to a writer without
+    # CAP_SYS_RESOURCE (the daemon), not as to the root readers.
+    assert kernel_refused == errno.EINVAL
+    assert b_out["refused"] == i_out["refused"] == kernel_refused, (b_out, i_out)
