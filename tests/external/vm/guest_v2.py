@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,8 @@ def cgroup_tree(path: str, files: dict[str, dict[str, str]]) -> Iterator[str]:
             for _ in range(100):
                 try:
                     os.rmdir(d)
+                    break
+                except FileNotFoundError:   # the test removed it itself
                     break
                 except OSError:
                     time.sleep(0.05)
@@ -376,15 +379,14 @@ PSI_SECONDS = 9.0
 UNPRIVILEGED = ["setpriv", "--inh-caps=-sys_resource", "--bounding-set=-sys_resource"]
 PSI_MP = "/run/gfs-psi"
 PSI_LOG = PSI_MP + ".log"
-# A reader (argv: seconds, trigger, a refused trigger, paths): first writes the refused
-# trigger to the first path, keeping the errno (0: taken); then opens each path for
-# writing, writes the trigger, says "armed", waits for "go" on stdin, polls them all for
-# POLLPRI for the seconds given, closes them and prints the errno and its events
-# ([seconds after go, path index, revents]).
+# A reader (argv: trigger, a refused trigger, paths): first writes the refused trigger to
+# the first path and answers its errno (0: taken); then opens each path for writing,
+# writes the trigger and answers each line read: "poll S": its events in S seconds of
+# polling for POLLPRI ([seconds, path index, revents]); "move DIR": it moves itself into
+# cgroup DIR. At the end of its input it closes the paths and exits.
 PSI_READER = """
 import json, os, select, sys, time
-seconds, trigger, refused_trigger = float(sys.argv[1]), sys.argv[2], sys.argv[3]
-paths = sys.argv[4:]
+trigger, refused_trigger, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
 def attempt(data):
     fd = os.open(paths[0], os.O_RDWR | os.O_NONBLOCK)
     try:
@@ -401,18 +403,24 @@ for fd in fds:
 p = select.poll()
 for fd in fds:
     p.register(fd, select.POLLPRI)
-print("armed", flush=True)
-sys.stdin.readline()
-t0 = time.monotonic()
-events = []
-while (left := seconds - (time.monotonic() - t0)) > 0:
-    for fd, ev in p.poll(left * 1000):
-        events.append([round(time.monotonic() - t0, 2), fds.index(fd), ev])
+print(json.dumps(refused), flush=True)
+for line in sys.stdin:
+    cmd, arg = line.split()
+    if cmd == "poll":
+        t0, events = time.monotonic(), []
+        while (left := float(arg) - (time.monotonic() - t0)) > 0:
+            for fd, ev in p.poll(left * 1000):
+                events.append([round(time.monotonic() - t0, 2), fds.index(fd), ev])
+                if ev & select.POLLERR:
+                    p.unregister(fd)   # no trigger (any more): reported at every poll
+        print(json.dumps(events), flush=True)
+    elif cmd == "move":
+        with open(arg + "/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+        print(json.dumps(arg), flush=True)
 for fd in fds:
     os.close(fd)
-print(json.dumps({"refused": refused, "events": events}), flush=True)
 """
-
 
 def psi_some_total(path: str) -> int:
     """The "some" stall total (µs) of a pressure file."""
@@ -449,32 +457,69 @@ def unprivileged_answer(path: str, data: bytes) -> int:
     return int(out.stdout)
 
 
+class PsiReader:
+    """PSI_READER's process, asked one line at a time."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+
+    def ask(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def answer(self, timeout: float = 120) -> Any:
+        """Its next answer (Python starts in ~3 s under emulation); fails with its stderr
+        and the daemon's log if none comes."""
+        out = self.proc.stdout
+        assert out is not None
+        # One line per question: nothing is left buffered behind a line read.
+        line = out.readline() if select.select([out], [], [], timeout)[0] else ""
+        if not line:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+            pytest.fail(f"the PSI reader gave no answer: {err}\n{daemon_log(path=PSI_LOG)}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        """The end of its input: it closes its trigger files and exits."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        assert self.proc.wait() == 0, self.proc.stderr.read() if self.proc.stderr else ""
+
+
 @contextlib.contextmanager
-def psi_reader(cg_dir: str, *paths: str, unprivileged: bool = False
-               ) -> Iterator[subprocess.Popen[str]]:
+def psi_reader(cg_dir: str, *paths: str, unprivileged: bool = False) -> Iterator[PsiReader]:
     """PSI_READER in ``cg_dir`` on ``paths`` (without CAP_SYS_RESOURCE if
-    ``unprivileged``); killed at the end."""
+    ``unprivileged``); killed at the end if it is still there."""
     argv = [*(UNPRIVILEGED if unprivileged else []), sys.executable, "-c", PSI_READER,
-            str(PSI_SECONDS), PSI_TRIGGER.decode(), PSI_UNPRIVILEGED_REFUSED.decode(), *paths]
+            PSI_TRIGGER.decode(), PSI_UNPRIVILEGED_REFUSED.decode(), *paths]
     proc = subprocess.Popen(["sh", "-c", f'echo $$ > {cg_dir}/cgroup.procs && exec "$@"',
                              "_", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        yield proc
+        yield PsiReader(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()
+        proc.wait()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
 
 
-def wait_armed(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()   # Python starts in ~3 s under emulation
-    if line.strip() != "armed":
-        proc.kill()
-        _, err = proc.communicate()
-        pytest.fail(f"the PSI reader did not arm its triggers: {line!r} {err}\n"
-                    f"{daemon_log(path=PSI_LOG)}")
+def released_since(before: dict[str, int], n: int) -> dict[str, int]:
+    """The daemon's counts once ``n`` more trigger files were released (RELEASE is
+    asynchronous: a close reaches the daemon shortly after), or after 10 s."""
+    deadline = time.monotonic() + 10
+    while (now := psi_counts())["released"] - before["released"] < n \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return now
 
 
 def psi_counts() -> dict[str, int]:
@@ -517,8 +562,7 @@ def test_psi_trigger_lands_on_the_readers_own_cgroup_file():
         served = f"{PSI_MP}/proc/pressure/cpu"
         with psi_reader(busy, served, own["busy"], unprivileged=True) as b_reader, \
                 psi_reader(idle, served, own["idle"], "/proc/pressure/cpu") as i_reader:
-            wait_armed(b_reader)
-            wait_armed(i_reader)
+            refused = [b_reader.answer(), i_reader.answer()]
             armed = psi_counts()
             # The daemon holds each reader's own cgroup file, and not the other's.
             held = {k: holders(v, [daemon.pid]) for k, v in own.items()}
@@ -529,12 +573,10 @@ def test_psi_trigger_lands_on_the_readers_own_cgroup_file():
                      for _ in range(2)]
             try:
                 t0 = time.monotonic()
-                for r in (b_reader, i_reader):
-                    assert r.stdin is not None
-                    r.stdin.write("go\n")
-                    r.stdin.flush()
-                outs = [r.communicate(timeout=PSI_SECONDS + 120) for r in (b_reader,
-                                                                            i_reader)]
+                b_reader.ask(f"poll {PSI_SECONDS}")
+                i_reader.ask(f"poll {PSI_SECONDS}")
+                b_events = b_reader.answer(PSI_SECONDS + 120)
+                i_events = i_reader.answer(PSI_SECONDS + 120)
                 polled = time.monotonic() - t0
             finally:
                 for p in loops:
@@ -542,35 +584,29 @@ def test_psi_trigger_lands_on_the_readers_own_cgroup_file():
                     p.wait()
             totals1 = {k: psi_some_total(v) for k, v in own.items()}
             host1 = psi_some_total("/proc/pressure/cpu")
-        for r, (_, err) in zip((b_reader, i_reader), outs, strict=True):
-            assert r.returncode == 0, f"{err}\n{daemon_log(path=PSI_LOG)}"
-        b_out, i_out = (json.loads(o.strip().splitlines()[-1]) for o, _ in outs)
-        # RELEASE is asynchronous: the readers' closes reach the daemon shortly after.
-        deadline = time.monotonic() + 10
-        while psi_counts()["released"] - before["released"] < 4 \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
-        after = psi_counts()
+            b_reader.close()
+            i_reader.close()
+        after = released_since(before, 4)
         released_held = {k: holders(v, [daemon.pid]) for k, v in own.items()}
     stall = {k: totals1[k] - totals0[k] for k in own}
     host_stall = host1 - host0
     events = {
-        "busy_served": [e for e in b_out["events"] if e[1] == 0],
-        "busy_own": [e for e in b_out["events"] if e[1] == 1],
-        "idle_served": [e for e in i_out["events"] if e[1] == 0],
-        "idle_own": [e for e in i_out["events"] if e[1] == 1],
-        "idle_host": [e for e in i_out["events"] if e[1] == 2],
+        "busy_served": [e for e in b_events if e[1] == 0],
+        "busy_own": [e for e in b_events if e[1] == 1],
+        "idle_served": [e for e in i_events if e[1] == 0],
+        "idle_own": [e for e in i_events if e[1] == 1],
+        "idle_host": [e for e in i_events if e[1] == 2],
     }
     record("psi_trigger_v2", kernel=os.uname().release, trigger=PSI_TRIGGER.decode().strip(),
            polled_s=round(polled, 1), poll_seconds=PSI_SECONDS,
            events={k: [e[0] for e in v] for k, v in events.items()},
            some_stall_us={**stall, "host": host_stall}, daemon_held=held,
            counts={k: after[k] - before[k] for k in after},
-           refused_1s_window={"served": [b_out["refused"], i_out["refused"]],
+           refused_1s_window={"served": refused,
                               "unprivileged_own": kernel_refused})
     why = f"{events}, stall {stall}, host {host_stall}\n{daemon_log(path=PSI_LOG)}"
     # Each event is POLLPRI alone, as the kernel's own file reports a live trigger.
-    assert all(e[2] == select.POLLPRI for e in b_out["events"] + i_out["events"]), why
+    assert all(e[2] == select.POLLPRI for e in b_events + i_events), why
     # The busy cgroup's pressure rose, and its served file fired as its own file did
     # (PSI reports at most one event per window: 2 s here).
     assert stall["busy"] >= PSI_THRESHOLD_US, why
@@ -605,4 +641,87 @@ def test_psi_trigger_lands_on_the_readers_own_cgroup_file():
     # The served file refused the 1 s window as the kernel refuses it to a writer without
     # CAP_SYS_RESOURCE (the daemon), not as to the root readers.
     assert kernel_refused == errno.EINVAL
-    assert b_out["refused"] == i_out["refused"] == kernel_refused, (b_out, i_out)
+    assert refused == [kernel_refused] * 2, refused
+
+
+def remove_cgroup(d: str) -> None:
+    """rmdir ``d`` once its killed processes are gone (cgroup.kill is asynchronous)."""
+    kill_all(d)
+    for _ in range(200):
+        try:
+            os.rmdir(d)
+            return
+        except OSError:
+            time.sleep(0.05)
+    os.rmdir(d)
+
+
+def test_psi_memory_trigger_lands_on_the_limiting_parent_and_ends_with_it():
+    """The reader in a leaf under a parent with memory.max (96 MiB) and memory.high
+    (24 MiB), a sibling leaf touching 40 MiB over and over (reclaim, swap and the
+    over-high penalty: memory "some" stall in the parent): the served
+    proc/pressure/memory's trigger goes to the parent's memory.pressure, where the limit
+    applies (the daemon holds that file, not the leaf's), and fires as the same trigger
+    written there directly by the reader without CAP_SYS_RESOURCE. Then the reader
+    leaves and the cgroups are removed under its armed triggers: the served file reports
+    POLLERR with POLLPRI ("no trigger"), as the kernel's own file does, and the daemon
+    counts the trigger gone and releases it at close."""
+    if not os.path.isdir("/proc/pressure"):
+        pytest.skip("this kernel has PSI turned off")   # checked by the cpu test above
+    parent = "guestfs-psimem.slice"
+    limits = {parent: {"memory.max": str(96 << 20), "memory.high": str(24 << 20)}}
+    with cgroup_tree(f"{parent}/reader.scope", limits) as leaf, \
+            cgroup_tree(f"{parent}/hog.scope", {}) as hog_dir, \
+            mounted(PSI_MP, "--fuse-binding", "guestfs", log=PSI_LOG) as daemon:
+        top = os.path.dirname(leaf)
+        own = f"{top}/memory.pressure"
+        before = psi_counts()
+        with psi_reader(leaf, f"{PSI_MP}/proc/pressure/memory", own,
+                        unprivileged=True) as reader:
+            refused = reader.answer()
+            held = {"parent": holders(own, [daemon.pid]),
+                    "leaf": holders(f"{leaf}/memory.pressure", [daemon.pid])}
+            total0 = psi_some_total(own)
+            hog = subprocess.Popen(["sh", "-c", f"echo $$ > {hog_dir}/cgroup.procs && exec "
+                                    f"dd if=/dev/zero of=/dev/null bs={40 << 20} count=100000"],
+                                   stderr=subprocess.DEVNULL)
+            try:
+                reader.ask(f"poll {PSI_SECONDS}")
+                events = reader.answer(PSI_SECONDS + 120)
+            finally:
+                hog.kill()
+                hog.wait()
+            total1 = psi_some_total(own)
+            # The reader leaves, and the whole tree goes under its armed triggers.
+            reader.ask(f"move {CG}")
+            reader.answer()
+            for d in (hog_dir, leaf, top):
+                remove_cgroup(d)
+            reader.ask("poll 5")
+            gone_events = reader.answer(125)
+            gone = psi_counts()
+            reader.close()
+        after = released_since(before, 2)
+    served = [e for e in events if e[1] == 0]
+    direct = [e for e in events if e[1] == 1]
+    stall = total1 - total0
+    record("psi_memory_trigger_v2", polled_s=PSI_SECONDS, parent_some_stall_us=stall,
+           events={"served": [e[0] for e in served], "parent_own": [e[0] for e in direct]},
+           daemon_held=held, after_removal=gone_events,
+           counts={k: after[k] - before[k] for k in after})
+    why = f"{events}, stall {stall}\n{daemon_log(path=PSI_LOG)}"
+    assert held == {"parent": [daemon.pid], "leaf": []}, (held, why)
+    assert refused == errno.EINVAL, refused
+    assert all(e[2] == select.POLLPRI for e in events), why
+    assert stall >= PSI_THRESHOLD_US, why
+    assert len(direct) >= 1 and len(served) >= 1, why
+    assert abs(len(served) - len(direct)) <= 1, why
+    lags = [min(abs(e[0] - d[0]) for d in direct) for e in served]
+    assert max(lags) < 1.9, (lags, why)
+    # Once the cgroup is gone, each file reports POLLERR once (the reader stops polling a
+    # file that reports it), POLLPRI with it, as the kernel's own does.
+    assert sorted(e[1] for e in gone_events) == [0, 1], gone_events
+    assert all(e[2] == select.POLLERR | select.POLLPRI for e in gone_events), gone_events
+    assert gone["gone"] - before["gone"] == 1, gone
+    assert {k: after[k] - before[k] for k in ("opened", "armed", "released")} == \
+        {"opened": 2, "armed": 1, "released": 2}, (after, before)
