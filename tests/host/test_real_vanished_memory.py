@@ -89,8 +89,10 @@ def test_vanished_containers_cost_next_to_nothing_once_forgotten():
     # batch, before the daemon trimmed its heap after a sweep: its inode table held 1281
     # ids (the MAX_VANISHED kept directories' 20 each, and the root) after every batch, the
     # Python objects ~26,800 and malloc's bytes in use 5.2-6.4 MiB, while malloc's free
-    # bytes grew from 4.9 to 12.7 MiB: 4,719 bytes each here, the heap the forgotten
-    # containers' renderings and ids were made in, kept by glibc (lowmem.release_free_heap).
+    # bytes grew from 4.9 to 12.7 MiB over 8 batches: nothing of the forgotten containers
+    # was left but the heap glibc kept (lowmem.release_free_heap). That grew by fits:
+    # 4,719 bytes each in one run of four here (the others -926, -336, -25); with the trim
+    # 459, -655, 8, -664, the daemon 2-9 MiB smaller.
     with daemon("--per-container", "--cache-ttl", "0.1") as (mp, pid):
         # Twice first: every cache up to its bound, and the heap to its peak of BATCH
         # live containers beside MAX_VANISHED gone ones; one sweep of the vanished after
