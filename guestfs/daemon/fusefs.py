@@ -37,6 +37,7 @@ from typing import Any
 
 from guestfs.daemon.daemon_status import STATUS_PATH
 from guestfs.daemon.kernel_entries import EntryDropper
+from guestfs.daemon.lowmem import release_free_heap
 from guestfs.daemon.psi_triggers import NO_TRIGGER, Keeper, Triggers
 from guestfs.daemon.pusher import CHANGED, GONE, HELD, SAME, Pusher
 from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
@@ -202,6 +203,9 @@ class GuestOperations:
         self._polled_entry_timeout: float | None = None
         # Vanished containers forgotten, and of those whose kernel entry was dropped.
         self.vanished = Counter(forgotten=0, entries_dropped=0)
+        # Called after a sweep forgot containers: what they used is freed, and this hands
+        # the heap's free pages back (lowmem.release_free_heap says why it must).
+        self.release_heap: Callable[[], object] = release_free_heap
         if self.per_container:
             server.serving["vanished"] = self.vanished
             server.periodic.append(self.forget_vanished)
@@ -450,9 +454,15 @@ class GuestOperations:
                 self._gone.setdefault(key, now)
         by_age = sorted(self._gone, key=self._gone.__getitem__)
         excess = max(0, len(by_age) - MAX_VANISHED)
+        forgot = 0
         for i, key in enumerate(by_age):
             if i < excess or now - self._gone[key] >= VANISHED_GRACE:
                 self._forget(key)
+                forgot += 1
+        if forgot:
+            # Once per sweep that forgot any (at most every 5 s, on a node whose
+            # containers come and go), not per container: a trim walks the whole heap.
+            self.release_heap()
 
     def _forget(self, key: str) -> None:
         self._gone.pop(key, None)

@@ -19,3 +19,19 @@ def one_malloc_arena() -> bool:
     if libc.mallopt is None:
         return False
     return bool(libc.mallopt(M_ARENA_MAX, 1))
+
+
+def release_free_heap() -> bool:
+    """Hand the pages malloc holds free back to the kernel (glibc's ``malloc_trim(0)``):
+    what a per-container daemon calls once it has forgotten vanished containers. Their
+    renderings, views and inode-table entries are freed then, but glibc keeps the heap
+    they were made in, and it trims only a free top: everything freed below a live
+    allocation stays resident (and charged to the daemon's cgroup). Measured with
+    tests/host/test_real_vanished_memory.py: malloc's free bytes grew from 4.9 to 12.7 MiB
+    over 7 batches of 250 vanished containers while its bytes in use stayed at 5.2-6.4 MiB,
+    the inode table at 1281 ids and the Python objects at ~26,800. True if the call was
+    made (False without glibc's)."""
+    if libc.malloc_trim is None:
+        return False
+    libc.malloc_trim(0)
+    return True

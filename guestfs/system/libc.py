@@ -50,3 +50,5 @@ process_vm_writev = _declare("process_vm_writev", ctypes.c_ssize_t, c_int, c_voi
                              c_ulong, c_void_p, c_ulong, c_ulong)
 # glibc's; musl has one that does nothing.
 mallopt = _declare("mallopt", c_int, c_int, c_int)
+# glibc's only (musl has none): hands the free pages of malloc's heap back to the kernel.
+malloc_trim = _declare("malloc_trim", c_int, ctypes.c_size_t)

@@ -136,3 +136,36 @@ def test_with_the_engine_a_forgotten_containers_entry_is_dropped_by_a_notificati
     ops.forget_vanished(now=1000.0 + fusefs.VANISHED_GRACE)
     assert notifier.sent == [("/", key)]                # the root's entry of that directory
     assert ops.vanished == {"forgotten": 1, "entries_dropped": dropped}
+
+
+def test_a_sweep_that_forgets_hands_the_freed_heap_back_once(copy_fixture) -> None:
+    # What the forgotten containers used is freed, but glibc keeps the heap it was in:
+    # measured, the daemon's RSS grew ~4.7 KB per vanished container with nothing of
+    # them left in it (lowmem.release_free_heap). One trim per sweep that forgot any.
+    root = copy_fixture("k8s-systemd-v2-burstable")
+    pods = [f"{SLICE}/job{i}.slice" for i in range(2)]
+    for p in pods:
+        shutil.copytree(root / f"sys/fs/cgroup{POD}", root / f"sys/fs/cgroup{p}")
+    _srv, ops = mount(root)
+    trims: list[float] = []
+    ops.release_heap = lambda: trims.append(1.0)
+    for p in pods:
+        assert mem_total(ops, dir_key(p)) == 524288
+    ops.forget_vanished(now=1000.0)
+    assert trims == []                                  # nothing gone
+    for p in pods:
+        shutil.rmtree(root / f"sys/fs/cgroup{p}")
+    ops.forget_vanished(now=1000.0)
+    assert trims == []                                  # gone, within the grace: kept
+    ops.forget_vanished(now=1000.0 + fusefs.VANISHED_GRACE)
+    assert ops.vanished["forgotten"] == 2
+    assert trims == [1.0]                               # two forgotten, one trim
+    ops.forget_vanished(now=1000.0 + 2 * fusefs.VANISHED_GRACE)
+    assert trims == [1.0]                               # nothing more forgotten
+
+
+def test_the_free_heap_is_handed_back_where_glibc_is() -> None:
+    from guestfs.daemon.lowmem import release_free_heap
+    from guestfs.system import libc
+
+    assert release_free_heap() is (libc.malloc_trim is not None)
