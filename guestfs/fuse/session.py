@@ -139,7 +139,15 @@ class Filesystem(Protocol):
 
 @dataclass(frozen=True)
 class Options:
-    threads: int = 4
+    # Workers reading the connection. Each request is a little Python between two system
+    # calls, and every worker woken competes for the GIL. On 2 CPUs, per-caller reads/s
+    # against LXCFS's in the same rounds (benchmarks/bench_workers.py, 3 rounds of 1000):
+    # meminfo, 4 readers: 0.63x with 4 workers, 0.94x with 2, 1.39x with 1; 1 reader:
+    # 1.06x, 1.28x, 0.89x (one worker makes a reader's asynchronous RELEASE wait in front
+    # of its next open); stat, 4 readers: 0.30x, 0.35x, 0.54x. Two: better than four in
+    # every row, and a slow request (a big cgroup's tasks read) never holds every reader,
+    # as it would with one.
+    threads: int = 2
     # default_permissions is a mount option; FUSE_ALLOW_IDMAP is only accepted with it
     # (without, the kernel fails the whole INIT), so it is offered only then.
     default_permissions: bool = True

@@ -114,3 +114,16 @@ def test_bench_engine_smoke() -> None:
                          capture_output=True, text=True, cwd="/", timeout=120)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "engine/kernel" in out.stdout and "function calls" in out.stdout, out.stdout
+
+
+def test_bench_workers_smoke() -> None:
+    """Each worker count's mount serves, and the table has a row with LXCFS's reference."""
+    require_fuse()
+    require_v1_root()
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_workers.py"),
+                          "--workers", "1,2", "--files", "meminfo", "--readers", "1",
+                          "--ops", "20", "--rounds", "1"],
+                         capture_output=True, text=True, cwd="/", timeout=180)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("| meminfo x1 |"))
+    assert row.count("×") == 2, row
