@@ -8,7 +8,7 @@ FUSE client: what one reader's open + read to EOF + close costs the daemon's int
 Run as root on a cgroup v1 (or hybrid) host (it makes a 512 MiB / 1.5 CPU cgroup, as
 bench_read.py does). A sleeping process in that cgroup is the reader; the requests the
 kernel sends for `open(); fstat(); read() until EOF; close()` of MP/proc/<file> with
-default_permissions (GETATTR, OPEN, GETATTR of the handle, READ, READ at the end,
+default_permissions (GETATTR, OPEN, the fstat's GETATTR, READ, READ at the end,
 RELEASE) are built by hand with that reader's pid and handed to a Session whose replies
 go into a pipe; the daemon's operations, view server and caches are the real ones, over
 the real host files. It prints the µs per sequence and, as the reference of the same
@@ -65,7 +65,8 @@ class Reader:
         self._ask(abi.GETATTR, abi.GETATTR_IN.pack(0, 0, 0))      # the open's permission
         (opened,) = self._ask(abi.OPEN, abi.OPEN_IN.pack(os.O_RDONLY, 0))
         fh = abi.OPEN_OUT.unpack_from(opened.body)[0]              # type: ignore[attr-defined]
-        self._ask(abi.GETATTR, abi.GETATTR_IN.pack(abi.GETATTR_FH, 0, fh))
+        # An fstat: the kernel sends it without the handle (vfs_getattr passes no file).
+        self._ask(abi.GETATTR, abi.GETATTR_IN.pack(0, 0, 0))
         (data,) = self._ask(abi.READ, abi.READ_IN.pack(fh, 0, 65536, abi.READ_LOCKOWNER,
                                                         1, 0, 0))
         n = len(data.body)                                         # type: ignore[attr-defined]

@@ -40,7 +40,12 @@ from guestfs.daemon.kernel_entries import EntryDropper
 from guestfs.daemon.lowmem import release_free_heap
 from guestfs.daemon.psi_triggers import NO_TRIGGER, Keeper, Triggers
 from guestfs.daemon.pusher import CHANGED, GONE, HELD, SAME, Pusher
-from guestfs.daemon.renderings import Generation, Generations, OpenRenderings
+from guestfs.daemon.renderings import (
+    Generation,
+    Generations,
+    OpenRenderings,
+    SizedRenderings,
+)
 from guestfs.daemon.server import UNCACHED, UnseenReader, ViewServer
 from guestfs.fuse.abi import DEFAULT_POLLMASK
 from guestfs.render.served import PRESSURE_FILES, SERVED_FILES
@@ -175,11 +180,7 @@ class GuestOperations:
         # file for the asking reader and reports that rendering's size (reported_size);
         # the open that follows in the same thread takes it, so what is read is what
         # was sized.
-        # (reader, path) -> (rendering, its view key): an open takes it only while the
-        # reader's view is still that one (runc's init sizes the files it binds while
-        # still in runc's cgroup, then moves and execs the app under the same pid).
-        self._sized: dict[tuple[object, str], tuple[bytes, str | None]] = {}
-        self._sized_lock = threading.Lock()
+        self._sized = SizedRenderings(SIZED_ENTRIES)
         # The page cache path: decided in init (it needs libfuse3's config) and
         # turned off again if the FUSE client does not honour no_open (probe).
         self.page_cache = False
@@ -550,6 +551,9 @@ class GuestOperations:
             return data
         pid = self._fuse.fuse_get_context()[2]
         who = self._server.reader(pid)
+        opened = self._opened_unread(who, path)
+        if opened is not None:
+            return opened
         try:
             _, data, key = self._server.render_for(sub, pid, cgroup, who)
         except UnseenReader:
@@ -561,10 +565,19 @@ class GuestOperations:
             key = cgroup
         elif key is None:
             key = self._server.view_key(pid, who)
-        with self._sized_lock:
-            if len(self._sized) >= SIZED_ENTRIES:  # stat()s never followed by an open
-                self._sized.pop(next(iter(self._sized)))
-            self._sized[(who, path)] = (data, key)
+        self._sized.remember(who, path, data, key)
+        return data
+
+    def _opened_unread(self, who: object, path: str) -> bytes | None:
+        """The rendering of the reader's open handle of ``path`` that no read has served
+        yet. The kernel sends an fstat's GETATTR without the handle (vfs_getattr passes no
+        file), and open + fstat + read (Python's open(), cat) would otherwise render twice
+        for each read, and report the size of a rendering never read; a /proc/stat or
+        uptime read cost two. Kept for an open that may follow, as any GETATTR's is."""
+        fh, key = self._sized.last_opened(who, path) or (None, None)
+        data = self._per_handle.peek_unread(fh) if fh is not None else None
+        if data is not None:
+            self._sized.remember(who, path, data, key)
         return data
 
     def _current(self, path: str, cgroup: str | None, sub: str) -> Generation:
@@ -620,12 +633,12 @@ class GuestOperations:
             self._open_trigger(fi.fh, sub, cgroup)
         pid = self._fuse.fuse_get_context()[2]
         who = self._server.reader(pid)
-        with self._sized_lock:
-            sized = self._sized.pop((who, path), None)
+        sized = self._sized.take(who, path)
         if sized is not None and (cgroup is not None
                                   or sized[1] == self._server.view_key(pid, who)):
             # The rendering this open's GETATTR reported the size of.
             self._per_handle.put(fi.fh, sized[0], unread=True)
+            self._sized.opened(who, path, fi.fh, sized[1])
         return 0
 
     def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:

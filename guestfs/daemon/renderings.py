@@ -57,6 +57,11 @@ class OpenRenderings:
             self._unread.discard(fh)
             return self._data.get(fh)
 
+    def peek_unread(self, fh: int) -> bytes | None:
+        """The handle's rendering if no read has been served from it yet (not consumed)."""
+        with self._lock:
+            return self._data.get(fh) if fh in self._unread else None
+
     def put(self, fh: int, data: bytes, unread: bool = False) -> None:
         with self._lock:
             if unread:
@@ -162,3 +167,43 @@ class Generations:
             if gen is not None:
                 gen.last_read = now
             return gen
+
+
+class SizedRenderings:
+    """The renderings a direct_io file's size was reported from, by (reader, path), for
+    the open that follows; and each reader's last open given one, while that handle is
+    unread (``opened``). Both bounded: a stat() never followed by an open, an open never
+    read, are dropped oldest first past ``max_entries``."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        # (reader, path) -> (rendering, its view key): an open takes it only while the
+        # reader's view is still that one (runc's init sizes the files it binds while
+        # still in runc's cgroup, then moves and execs the app under the same pid).
+        self._sized: dict[tuple[object, str], tuple[bytes, str | None]] = {}
+        # (reader, path) -> (handle, view key) of its last open given a sized rendering.
+        self._opened: dict[tuple[object, str], tuple[int, str | None]] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, who: object, path: str, data: bytes, key: str | None) -> None:
+        with self._lock:
+            _bounded_put(self._sized, (who, path), (data, key), self.max_entries)
+
+    def take(self, who: object, path: str) -> tuple[bytes, str | None] | None:
+        with self._lock:
+            return self._sized.pop((who, path), None)
+
+    def opened(self, who: object, path: str, fh: int, key: str | None) -> None:
+        with self._lock:
+            _bounded_put(self._opened, (who, path), (fh, key), self.max_entries)
+
+    def last_opened(self, who: object, path: str) -> tuple[int, str | None] | None:
+        with self._lock:
+            return self._opened.get((who, path))
+
+
+def _bounded_put(d: dict, key: object, value: object, limit: int) -> None:  # type: ignore[type-arg]
+    d.pop(key, None)
+    if len(d) >= limit:
+        d.pop(next(iter(d)))
+    d[key] = value

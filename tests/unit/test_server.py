@@ -272,6 +272,56 @@ def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
     assert ops.getattr("/proc/meminfo")["st_size"] == PAGE   # never 0: sendfile reads it
 
 
+def test_an_fstat_between_open_and_read_reports_the_handles_rendering(copy_fixture):
+    """The kernel sends an fstat's GETATTR without the handle (vfs_getattr passes no file):
+    between an open and its first read it reports the size of the rendering that read
+    will serve, without rendering again (open + fstat + read rendered /proc/stat twice);
+    once read, a GETATTR renders afresh."""
+    import types
+
+    from guestfs.daemon.fusefs import PAGE, make_operations
+
+    class Server:
+        def __init__(self) -> None:
+            self.host = HostRoot(str(copy_fixture("k8s-systemd-v2-burstable")))
+            self.serving: dict[str, object] = {}
+            self.data, self.renders = b"y" * (PAGE + 1), 0
+
+        def render_for(self, path: str, pid: int, cgroup: str | None = None,
+                       who: object = None) -> tuple[float, bytes, str | None]:
+            self.renders += 1
+            return 0.0, self.data, "0::/c\n"
+
+        def reader(self, pid: int) -> tuple[int, None]:
+            return (pid, None)
+
+        def view_key(self, pid: int, who: object = None) -> str:
+            return "0::/c\n"
+
+    class FuseOSError(OSError):
+        def __init__(self, errno: int) -> None:
+            super().__init__(errno, "")
+
+    fuse = types.SimpleNamespace(FuseOSError=FuseOSError, Operations=object,
+                                 fuse_get_context=lambda: (0, 0, 7))
+    srv = Server()
+    ops = make_operations(fuse, srv)  # type: ignore[arg-type]
+    assert ops.getattr("/proc/stat")["st_size"] == 2 * PAGE       # the open's permission
+    fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0, lock_owner=1)
+    ops.open("/proc/stat", fi)
+    srv.data = b"z" * 10
+    assert ops.getattr("/proc/stat")["st_size"] == 2 * PAGE       # fstat, no handle
+    assert srv.renders == 1
+    assert ops.read("/proc/stat", 65536, 0, fi) == b"y" * (PAGE + 1)
+    assert ops.getattr("/proc/stat")["st_size"] == PAGE           # read: a fresh one
+    assert srv.renders == 2
+    # A second open right after such a GETATTR serves what it reported.
+    second = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0, lock_owner=1)
+    ops.open("/proc/stat", second)
+    srv.data = b"w" * 3
+    assert ops.read("/proc/stat", 65536, 0, second) == b"z" * 10
+
+
 POD = ("sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/"
        "kubepods-burstable-poda5d4fbc7_30d6_43e8_8425_8ee6f401decc.slice")
 LEAF = (f"{POD}/cri-containerd-"
