@@ -69,7 +69,8 @@ class Lease:
         time) for this daemon's successor (psi_triggers.Triggers' keeper). Never blocks:
         a holder that does not read (stopped, gone) is not told (False; the status file
         counts it)."""
-        return self._tell(b"keep", b"%d\n%s" % (fh, record), () if fd is None else (fd,))
+        return self._tell(b"keep", holdwire.trigger_payload(fh, record),
+                          () if fd is None else (fd,))
 
     def drop(self, fh: int) -> bool:
         return self._tell(b"drop", b"%d" % fh, ())
@@ -241,7 +242,9 @@ def ask(mountpoint: str) -> Lease | None:
     msg = _exchange(sock, what, b"serve", str(os.getpid()).encode())
     kept: list[tuple[int, bytes, int]] = []
     while msg is not None and msg[0] == b"kept":    # the triggers, then the grant
-        kept.extend(_kept_trigger(msg))
+        got = holdwire.split_trigger(msg[1], msg[2])
+        if got is not None and got[2] is not None:
+            kept.append((got[0], got[1], got[2]))
         msg = _receive(sock, what)
     if msg is None or msg[0] != b"granted" or len(msg[2]) != 2:
         for _, _, fd in kept:
@@ -268,22 +271,6 @@ def _receive(sock: socket.socket, what: str) -> tuple[bytes, bytes, list[int]] |
         sock.close()
         raise MountError(f"{what} did not answer ({e})") from None
     return msg
-
-
-def _kept_trigger(msg: tuple[bytes, bytes, list[int]]) -> list[tuple[int, bytes, int]]:
-    head, _, record = msg[1].partition(b"\n")
-    fds = msg[2]
-    for fd in fds[1:]:
-        os.close(fd)
-    try:
-        fh = int(head)
-    except ValueError:
-        fh = -1
-    if fh < 0 or not fds:
-        if fds:
-            os.close(fds[0])
-        return []
-    return [(fh, record, fds[0])]
 
 
 def handoff_path(lock_dir: str | None = None) -> str:

@@ -242,16 +242,12 @@ class Holder:
     def _keep(self, payload: bytes, fds: list[int]) -> None:
         """A trigger kept (with its descriptor: a new one, which replaces any kept under
         its handle) or its record updated (without)."""
-        head, _, record = payload.partition(b"\n")
-        fd, extra = (fds[0], fds[1:]) if fds else (None, [])
-        for x in extra:
-            os.close(x)
-        try:
-            fh = int(head)
-        except ValueError:
-            fh = -1
+        got = holdwire.split_trigger(payload, fds)
+        if got is None:
+            return
+        fh, record, fd = got
         old = self.kept.get(fh)
-        if fh < 0 or len(record) > MAX_RECORD or fd is None and old is None \
+        if len(record) > MAX_RECORD or fd is None and old is None \
                 or old is None and len(self.kept) >= MAX_KEPT:
             if fd is not None:
                 os.close(fd)
@@ -322,7 +318,7 @@ class Holder:
         try:
             # The triggers first: the successor has them before it serves a request.
             for fh, (record, fd) in self.kept.items():
-                holdwire.send(conn, b"kept", b"%d\n%s" % (fh, record), (fd,))
+                holdwire.send(conn, b"kept", holdwire.trigger_payload(fh, record), (fd,))
             holdwire.send(conn, b"granted", self.negotiated, (self.fuse_fd, self.lock_fd))
         except OSError as e:
             say(f"pid {pid} asked and went away ({e.strerror})")

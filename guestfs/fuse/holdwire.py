@@ -81,6 +81,30 @@ def recv(sock: socket.socket) -> tuple[bytes, bytes, list[int]] | None:
     return verb, payload, fds
 
 
+def trigger_payload(fh: int, record: bytes) -> bytes:
+    """The payload of ``keep`` and ``kept``: ``FH\nRECORD``."""
+    return b"%d\n%s" % (fh, record)
+
+
+def split_trigger(payload: bytes, fds: list[int]) -> tuple[int, bytes, int | None] | None:
+    """(handle, record, descriptor or None) of a ``keep`` or ``kept``; None, with its
+    descriptor closed, for a payload without a handle. Descriptors past the first are
+    closed."""
+    head, _, record = payload.partition(b"\n")
+    for extra in fds[1:]:
+        os.close(extra)
+    fd = fds[0] if fds else None
+    try:
+        fh = int(head)
+    except ValueError:
+        fh = -1
+    if fh < 0:
+        if fd is not None:
+            os.close(fd)
+        return None
+    return fh, record, fd
+
+
 # SCM_RIGHTS carries C ints. Not the array module: it loads collections.abc, 0.3 MiB of
 # the holder's memory.
 _INT = 4

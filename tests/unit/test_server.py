@@ -218,6 +218,45 @@ def test_thread_states_are_read_once_per_view_not_per_read():
     assert any(p.endswith("/cpu.stat") for p in host.reads)
 
 
+class FakeServer:
+    """The view server as fusefs.make_operations uses it: every rendering ``data``, one
+    view for every reader; ``keyed``: render_for names that view (else the caller asks
+    view_key). ``renders`` counts render_for's calls."""
+
+    VIEW = "0::/the-readers-cgroup\n"
+
+    def __init__(self, host: HostRoot, keyed: bool = False) -> None:
+        self.host, self.data, self.keyed, self.renders = host, b"x\n", keyed, 0
+        self.serving: dict[str, object] = {}
+
+    def render_until(self, path: str, pid: int,
+                     cgroup: str | None = None) -> tuple[float, bytes]:
+        return 0.0, self.data
+
+    def render_for(self, path: str, pid: int, cgroup: str | None = None,
+                   who: object = None) -> tuple[float, bytes, str | None]:
+        self.renders += 1
+        return 0.0, self.data, self.VIEW if self.keyed else None
+
+    def reader(self, pid: int) -> tuple[int, None]:
+        return (pid, None)
+
+    def view_key(self, pid: int, who: object = None) -> str:
+        return self.VIEW
+
+
+def fake_fuse():  # type: ignore[no-untyped-def]
+    """The fuse module as make_operations uses it; every reader is pid 7."""
+    import types
+
+    class FuseOSError(OSError):
+        def __init__(self, errno: int) -> None:
+            super().__init__(errno, "")
+
+    return types.SimpleNamespace(FuseOSError=FuseOSError, Operations=object,
+                                 fuse_get_context=lambda: (0, 0, 7))
+
+
 def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
     """Served through the daemon, a LOOKUP renders the file for its reader and reports
     that rendering's length in whole pages; the open that follows serves exactly that
@@ -227,35 +266,8 @@ def test_a_size_holds_the_rendering_that_the_open_after_it_serves(copy_fixture):
 
     from guestfs.daemon.fusefs import PAGE, make_operations
 
-    host = HostRoot(str(copy_fixture("k8s-systemd-v2-burstable")))
-
-    class FakeServer:
-        def __init__(self) -> None:
-            self.host, self.data = host, b"x\n"
-            self.serving: dict[str, object] = {}
-
-        def render_until(self, path: str, pid: int,
-                         cgroup: str | None = None) -> tuple[float, bytes]:
-            return 0.0, self.data
-
-        def render_for(self, path: str, pid: int, cgroup: str | None = None,
-                       who: object = None) -> tuple[float, bytes, str | None]:
-            return 0.0, self.data, None     # no key: the caller asks view_key
-
-        def reader(self, pid: int) -> tuple[int, None]:
-            return (pid, None)
-
-        def view_key(self, pid: int, who: object = None) -> str:
-            return "0::/the-readers-cgroup\n"
-
-    class FuseOSError(OSError):
-        def __init__(self, errno: int) -> None:
-            super().__init__(errno, "")
-
-    fuse = types.SimpleNamespace(FuseOSError=FuseOSError, Operations=object,
-                                 fuse_get_context=lambda: (0, 0, 7))
-    srv = FakeServer()
-    ops = make_operations(fuse, srv)  # type: ignore[arg-type]
+    srv = FakeServer(HostRoot(str(copy_fixture("k8s-systemd-v2-burstable"))))
+    ops = make_operations(fake_fuse(), srv)  # type: ignore[arg-type]
     srv.data = b"y" * (PAGE + 1)
     assert ops.getattr("/proc/stat")["st_size"] == 2 * PAGE        # 4097 bytes: two pages
     fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0, lock_owner=1)
@@ -281,31 +293,9 @@ def test_an_fstat_between_open_and_read_reports_the_handles_rendering(copy_fixtu
 
     from guestfs.daemon.fusefs import PAGE, make_operations
 
-    class Server:
-        def __init__(self) -> None:
-            self.host = HostRoot(str(copy_fixture("k8s-systemd-v2-burstable")))
-            self.serving: dict[str, object] = {}
-            self.data, self.renders = b"y" * (PAGE + 1), 0
-
-        def render_for(self, path: str, pid: int, cgroup: str | None = None,
-                       who: object = None) -> tuple[float, bytes, str | None]:
-            self.renders += 1
-            return 0.0, self.data, "0::/c\n"
-
-        def reader(self, pid: int) -> tuple[int, None]:
-            return (pid, None)
-
-        def view_key(self, pid: int, who: object = None) -> str:
-            return "0::/c\n"
-
-    class FuseOSError(OSError):
-        def __init__(self, errno: int) -> None:
-            super().__init__(errno, "")
-
-    fuse = types.SimpleNamespace(FuseOSError=FuseOSError, Operations=object,
-                                 fuse_get_context=lambda: (0, 0, 7))
-    srv = Server()
-    ops = make_operations(fuse, srv)  # type: ignore[arg-type]
+    srv = FakeServer(HostRoot(str(copy_fixture("k8s-systemd-v2-burstable"))), keyed=True)
+    srv.data = b"y" * (PAGE + 1)
+    ops = make_operations(fake_fuse(), srv)  # type: ignore[arg-type]
     assert ops.getattr("/proc/stat")["st_size"] == 2 * PAGE       # the open's permission
     fi = types.SimpleNamespace(flags=os.O_RDONLY, fh=0, direct_io=0, lock_owner=1)
     ops.open("/proc/stat", fi)
