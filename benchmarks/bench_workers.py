@@ -23,7 +23,6 @@ import contextlib
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 SERVE = "--serve-with-workers"
@@ -40,38 +39,9 @@ def serve(argv: list[str]) -> int:
     return guestfs_main(argv[1:])
 
 
-@contextlib.contextmanager
-def mounted(mp: str, workers: int, log: str) -> Iterator[None]:
-    """`guestfs mount MP --fuse-binding guestfs` with ``workers`` workers, until the block
-    ends (benchsupport.guestfs_mounted's steps, with this script as the daemon)."""
-    import os
-    import subprocess
-
-    from benchsupport import BenchError, force_unmount, fuse_mounted, require_fuse
-
-    from guestfs.daemon.mountpoint import wait_until
-    from guestfs.wrap.run import stop_process
-
-    require_fuse()
-    os.makedirs(mp, exist_ok=True)
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), SERVE,
-                                 str(workers), "mount", mp, "--fuse-binding", "guestfs"],
-                                stdout=subprocess.DEVNULL, stderr=err, cwd="/")
-    try:
-        if not wait_until(lambda: fuse_mounted(mp) or proc.poll() is not None, 30.0) \
-                or proc.poll() is not None:
-            raise BenchError(f"the {workers}-worker mount did not come up: "
-                             f"{Path(log).read_text()[-500:]}")
-        yield
-    finally:
-        stop_process(proc)
-        force_unmount(mp)
-
-
 def run(a: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     from bench_read import measure
-    from benchsupport import bench_cgroup, lxcfs_mounted
+    from benchsupport import bench_cgroup, guestfs_mounted, lxcfs_mounted
 
     workers = [int(n) for n in a.workers.split(",")]
     seen: dict[str, dict[str, list[float]]] = {}
@@ -81,7 +51,10 @@ def run(a: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
         stack.enter_context(lxcfs_mounted(f"{tmp}/lxcfs", f"{tmp}/lxcfs.pid"))
         bases = {"LXCFS": f"{tmp}/lxcfs/proc"}
         for w in workers:
-            stack.enter_context(mounted(f"{tmp}/w{w}", w, f"{tmp}/w{w}.log"))
+            # This script as the daemon, its worker count set (serve).
+            daemon = [sys.executable, str(Path(__file__).resolve()), SERVE, str(w)]
+            stack.enter_context(guestfs_mounted(f"{tmp}/w{w}", ["--fuse-binding", "guestfs"],
+                                                f"{tmp}/w{w}.log", command=daemon))
             bases[f"{w} workers"] = f"{tmp}/w{w}/proc"
         cg.enter()
         try:

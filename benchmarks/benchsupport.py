@@ -69,15 +69,18 @@ def _tail(path: str, n: int = 3) -> str:
 
 
 @contextlib.contextmanager
-def guestfs_mounted(mp: str, args: list[str], log: str, optional: bool = False
+def guestfs_mounted(mp: str, args: list[str], log: str, optional: bool = False,
+                    command: list[str] | None = None
                     ) -> Iterator[subprocess.Popen[bytes] | str]:
     """``guestfs mount mp args`` until the block ends. With ``optional``, a mount that
     exits before mounting (an option this guestfs does not have) yields the reason as a
-    string instead of raising."""
+    string instead of raising. ``command``: what runs as ``guestfs`` (default ``python -m
+    guestfs``)."""
     require_fuse()
     os.makedirs(mp, exist_ok=True)
+    command = command or [sys.executable, "-m", "guestfs"]
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "guestfs", "mount", mp, *args],
+        proc = subprocess.Popen([*command, "mount", mp, *args],
                                 stdout=subprocess.DEVNULL, stderr=err, cwd="/")
     try:
         up = wait_until(lambda: fuse_mounted(mp) or proc.poll() is not None, 30.0)
